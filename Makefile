@@ -1,0 +1,35 @@
+# brigade: `make demo` runs the default study on this machine; `make test` runs the test suite.
+# Both create .venv on first use and install the pinned dependencies (torch first: see requirements.txt).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.brigade-installed
+# This machine's pip config lists local wheel folders that do not exist; pip warns about each one.
+QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
+
+.PHONY: demo test bench install clean-results
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@# Keep a torch that is already there (a CUDA build you installed); else the CPU build.
+	@$(PY) -c "import torch" 2>/dev/null || { echo "installing torch==2.13.0 (CPU build)"; $(PY) -m pip install -q torch==2.13.0 2>&1 | $(QUIET); }
+	@echo "installing pinned dependencies (requirements.txt)"
+	@$(PY) -m pip install -q -r requirements.txt 2>&1 | $(QUIET)
+	@$(PY) -m pip install -q --no-deps -e . --config-settings editable_mode=compat 2>&1 | $(QUIET)
+	@$(PY) -c "import torch, deepspeed, hydra, wandb" 2>/dev/null || { echo "dependency check failed"; exit 1; }
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/brigade experiment=demo
+
+test: $(STAMP)
+	$(PY) -m pytest tests -x -q
+
+bench: $(STAMP)
+	$(PY) -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,max,rounds -q -p no:cacheprovider
+
+clean-results:
+	rm -rf results/runs results/hydra results/*.jsonl results/*.html results/*.png

@@ -1,0 +1,50 @@
+"""Per-rank results (measurement.json) -> the record's `measured` object.
+
+A step ends when its slowest rank is done, so the step time of step k is the max over ranks;
+the statistics are over the timed steps. Memory is reported as the max over ranks plus the
+per-rank list (what shows sharding and imbalance between pipeline stages).
+"""
+from __future__ import annotations
+
+from harness import measure
+from harness.costmodel.flops import model_flops_per_step
+
+PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "peak_mem_bytes")
+
+
+def aggregate(run, dims, measurement: dict) -> dict:
+    ranks = sorted(measurement["ranks"], key=lambda r: r["rank"])
+    steps = [max(ts) for ts in zip(*(r["step_times"] for r in ranks))]
+    out = measure.step_stats(steps)
+    out["steps_timed"] = len(steps)
+    out["step_times_s"] = steps
+    tokens = run.workload.global_batch_size * run.model.seq_len
+    out["tokens_per_step"] = tokens
+    out["tokens_per_s"] = tokens / out["step_time_s"]
+    out["tokens_per_s_per_device"] = out["tokens_per_s"] / dims.world_size
+    flops = model_flops_per_step(run.model, run.workload.global_batch_size)
+    out["model_flops_per_step"] = flops
+    out["tflops_per_device"] = flops / out["step_time_s"] / dims.world_size / 1e12
+    peak = run.hardware.peak_tflops.get(PRECISION_KEY[run.workload.precision])
+    out["mfu_pct"] = 100 * out["tflops_per_device"] / peak if peak else None
+    for key in MEMORY_KEYS:
+        per_rank = [r["memory"].get(key, 0) for r in ranks]
+        out[key] = max(per_rank)
+        out[f"{key}_per_rank"] = per_rank
+    out["peak_mem_kind"] = ranks[0]["memory"].get("peak_mem_kind")
+    out["losses"] = ranks[0]["losses"]
+    out["warmup_steps"] = run.workload.warmup_steps
+    out["num_microbatches"] = measurement["num_microbatches"]
+    out["num_threads_per_rank"] = ranks[0].get("num_threads")
+    for r in ranks:  # figures hooks add per rank (profiles, timelines) are merged by name
+        for k, v in r.get("measured", {}).items():
+            out.setdefault(k, v)
+    return out
+
+
+def environment(ranks: list[dict]) -> dict:
+    env = dict(ranks[0]["env"])
+    env["hosts"] = sorted({r["env"]["hostname"] for r in ranks})
+    env["num_hosts"] = len(env["hosts"])
+    return env

@@ -1,0 +1,195 @@
+"""The config schema: one dataclass per Hydra group, registered in the ConfigStore.
+
+YAML files in conf/ hold values; these dataclasses hold the schema, so a typo in an override is
+an error, not a silently ignored key. This module imports no torch: the parent process, the cost
+model and `harness.predict` all read it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # preset name, recorded as is
+    n_layers: int = MISSING
+    d_model: int = MISSING  # hidden size h
+    n_heads: int = MISSING
+    d_ff: int = MISSING  # MLP inner size; 4 * d_model for the GPT-2/3 style presets
+    vocab_size: int = MISSING
+    seq_len: int = MISSING  # tokens per sequence s (also the size of the learned position table)
+    dropout: float = 0.0
+    attention: str = "sdpa"  # sdpa | eager (eager materialises the (B, nh, T, T) score matrix)
+    n_experts: int = 0  # 0 = dense MLP; >0 = MoE MLP with this many experts per layer
+    top_k: int = 2  # experts per token (MoE only)
+    capacity_factor: float = 0.0  # MoE: 0 = no capacity limit (no token dropped)
+    aux_loss_coef: float = 0.01  # MoE: weight of the load-balancing loss (Switch Transformer)
+
+
+@dataclass
+class DeepSpeedKnobs:
+    """DeepSpeed ZeRO knobs, with DeepSpeed 0.19's defaults unless noted."""
+
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size: int = 5_000_000  # DeepSpeed default 5e8 allocates ~1.9 GB/rank under ZeRO-3 on CPU
+    allgather_bucket_size: int = 500_000_000
+    stage3_param_persistence_threshold: int = 0  # DeepSpeed default 1e5 keeps small params whole; 0 shows full sharding
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    cpu_adam: bool = False  # offload with DeepSpeedCPUAdam (needs prebuilt ops); False = client torch AdamW
+    wall_clock_breakdown: bool = False  # DeepSpeed's own timers, recorded under measured.deepspeed
+    comms_logger: bool = False  # DeepSpeed's comms logger, recorded under measured.deepspeed
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form overrides merged into the generated JSON
+
+
+@dataclass
+class StrategyConfig:
+    """One schema for every strategy: each conf/strategy/<name>.yaml sets the fields it uses."""
+
+    name: str = MISSING  # single | ddp | zero1 | zero2 | zero3 | fsdp | tp | pp | 3d | ep
+    engine: str = "torch"  # torch | deepspeed
+    impl: str = ""  # implementing module under harness/strategies/ (default: name; deepspeed engine: deepspeed)
+    axes: list[str] = field(default_factory=lambda: ["dp"])  # parallel axes this strategy may set > 1
+    zero_stage: int = 0  # 0-3: what is sharded over dp (1: optimizer, 2: + grads, 3: + params)
+    # DDP
+    bucket_cap_mb: float = 25.0
+    comm_hook: str = "none"  # none | fp16 | bf16 (NCCL only) | powersgd
+    powersgd_rank: int = 1
+    # FSDP / 3D data axis
+    reshard_after_forward: bool = True
+    dp_shard: str = "fsdp"  # 3d: how the dp axis is handled: fsdp | ddp
+    # Tensor parallel
+    sequence_parallel: bool = False
+    loss_parallel: bool = True
+    # Pipeline
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | looped_bfs | interleaved_zero_bubble | zbv_zero_bubble | dualpipev
+    # DeepSpeed
+    offload: str = "none"  # none | optimizer | optimizer+params
+    ds: DeepSpeedKnobs = field(default_factory=DeepSpeedKnobs)
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = 1  # data-parallel degree
+    tp: int = 1  # tensor-parallel degree (innermost: ranks of a tp group are adjacent)
+    pp: int = 1  # pipeline stages
+    vpp: int = 1  # virtual pipeline stages per rank (interleaved / looped / V schedules)
+    ep: int = 1  # expert-parallel degree; shares ranks with dp (ep must divide dp)
+
+
+@dataclass
+class WorkloadConfig:
+    global_batch_size: int = 8  # sequences per optimizer step, all data-parallel ranks together
+    micro_batch_size: int = 2  # sequences per forward/backward on one rank
+    num_microbatches: Optional[int] = None  # per rank per step; None = global / (dp * micro)
+    precision: str = "fp32"  # fp32 | bf16-mixed | fp16-mixed
+    activation_checkpointing: str = "none"  # none | selective (attention core) | full (whole block)
+    warmup_steps: int = 3  # excluded from every statistic
+    steps: int = 10  # timed steps (statistics need at least 10)
+    profile_steps: int = 2  # profiled steps, after and apart from the timed ones (0 = none)
+    seed: int = 1234
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+
+@dataclass
+class LinkConfig:
+    bus_bw_GBps: float = MISSING  # achievable bus bandwidth, nccl-tests definition, GB/s (1e9 B/s)
+    latency_us: float = MISSING  # per-collective start-up latency (alpha), microseconds
+
+
+@dataclass
+class HardwareConfig:
+    name: str = MISSING
+    device: str = "cpu"  # cpu | cuda (backend: gloo on cpu, nccl on cuda)
+    devices_per_node: int = 1
+    memory_GiB: float = MISSING  # memory per device
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # dense peak per precision (fp32, bf16, fp16)
+    achievable_tflops: dict[str, float] = field(default_factory=dict)  # measured matmul rate; falls back to peak
+    intra_node: LinkConfig = field(default_factory=LinkConfig)
+    inter_node: LinkConfig = field(default_factory=LinkConfig)
+    collectives: dict[str, Any] = field(default_factory=dict)  # calibrated per-collective figures (harness.calibrate)
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])  # workload.precision values it can run
+    source: dict[str, str] = field(default_factory=dict)  # where each number comes from
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"  # local | slurm
+    nodes: int = 1
+    nproc_per_node: int = 0  # ranks per node; 0 = world size / nodes (world size = dp * tp * pp)
+    timeout_s: float = 900.0  # wall-clock limit per run; the process group is killed at expiry
+    master_port: int = 0  # 0 = a free port picked at launch
+    # SLURM (launcher=slurm)
+    partition: Optional[str] = None
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    time_min: int = 30
+    array_parallelism: int = 16
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | none
+    project: str = "brigade"
+    entity: Optional[str] = None
+    mode: str = "offline"  # offline | online | disabled; WANDB_MODE in the environment wins
+
+
+@dataclass
+class PlanConfig:
+    gpus: int = 8
+    top_k: int = 10
+    run_top: int = 0
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    study: str = "adhoc"  # records go to <results_dir>/<study>.jsonl
+    results_dir: str = "results"
+    allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device
+    rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all
+    fault: str = "none"  # test-only fault switch: none | crash_rank1 | hang_rank1
+    report: bool = True  # write the HTML report at the end of a sweep
+
+
+# Fields that do not change what is measured: excluded from run_id so a resumed study matches.
+NON_SEMANTIC_KEYS = ("launcher", "logger", "plan", "results_dir", "rerun", "report", "study", "allow_oversubscribe_memory")
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, node in (("model", ModelConfig), ("strategy", StrategyConfig), ("workload", WorkloadConfig),
+                        ("hardware", HardwareConfig), ("launcher", LauncherConfig), ("logger", LoggerConfig)):
+        cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+def to_run_config(cfg: Any) -> RunConfig:
+    """DictConfig (from Hydra or a frozen YAML) -> RunConfig dataclass, validated by OmegaConf types."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def as_dict(run: RunConfig) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)  # type: ignore[return-value]

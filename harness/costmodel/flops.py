@@ -1,0 +1,38 @@
+"""Model FLOPs per optimizer step (Megatron convention).
+
+Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters", eq. 3):
+    F = 72 * B * s * L * h^2 * (1 + s/(6h) + V/(12*L*h))      (GELU MLP with d_ff = 4h, no recompute)
+Convention: matmul FLOPs only (2 per multiply-add), full (not causally halved) attention
+QK^T and AV, the logit layer counted, embeddings' lookups not counted, backward = 2x forward.
+Generalised here to any d_ff and to MoE (top_k experts active per token). Per layer, forward:
+    projections q,k,v,o  : 8 * B*s * h^2
+    attention QK^T, AV   : 4 * B * s^2 * h
+    MLP fc1, fc2         : 4 * B*s * h * d_ff * (top_k if MoE else 1)   (+ router 2*B*s*h*E)
+and the head 2 * B*s * h * V. With d_ff = 4h this is exactly Megatron's formula (checked in tests).
+"""
+from __future__ import annotations
+
+
+def forward_flops_per_token(model) -> float:
+    h, s, L, V = model.d_model, model.seq_len, model.n_layers, model.vocab_size
+    active = model.top_k if model.n_experts else 1
+    router = 2 * h * model.n_experts if model.n_experts else 0
+    per_layer = 8 * h * h + 4 * s * h + 4 * h * model.d_ff * active + router
+    return L * per_layer + 2 * h * V
+
+
+def model_flops_per_step(model, global_batch_size: int) -> float:
+    """Model FLOPs of one optimizer step: forward + backward (2x forward), no recomputation."""
+    return 3 * forward_flops_per_token(model) * global_batch_size * model.seq_len
+
+
+def hardware_flops_per_step(model, global_batch_size: int, activation_checkpointing: str) -> float:
+    """FLOPs the hardware executes: full recompute runs the forward twice (Megatron's 96 variant);
+    selective recompute re-runs only the attention core (4 * B * s^2 * h per layer)."""
+    tokens = global_batch_size * model.seq_len
+    f = model_flops_per_step(model, global_batch_size)
+    if activation_checkpointing == "full":
+        return f + (forward_flops_per_token(model) - 2 * model.d_model * model.vocab_size) * tokens
+    if activation_checkpointing == "selective":
+        return f + model.n_layers * 4 * model.seq_len * model.d_model * tokens
+    return f

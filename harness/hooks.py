@@ -1,0 +1,11 @@
+"""Hooks around the timed loop for measurements that must not distort the timings.
+
+A hook has before_step(step), after_step(step) (cheap: they run inside the loop, outside the timed
+region) and finish(strategy, batch, steps_done) -> dict merged into the rank's result (runs after the
+timed steps, e.g. a profiled window). Measurement features register here, not in the loop.
+"""
+from __future__ import annotations
+
+
+def make_hooks(run, dims, run_dir) -> list:
+    return []

@@ -1,0 +1,239 @@
+"""One benchmark run, from the parent's side: the Hydra task function.
+
+    compose (Hydra) -> RunConfig -> validate -> predict -> write frozen config -> launch ranks
+    -> collect measurement.json -> one record appended to <results_dir>/<study>.jsonl -> W&B
+
+Every path through here ends in exactly one record (ok | invalid | failed | timeout | oom), and the
+function never raises for a bad run, so a sweep goes on past it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness import record as rec
+from harness.config import RunConfig, as_dict, to_run_config
+from harness.dims import ConfigError, ParallelDims
+
+console = Console(stderr=True)
+REPO = Path(__file__).resolve().parent.parent
+GiB = 1024**3
+
+
+def parent_env() -> dict:
+    def v(pkg):
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"python": platform.python_version(), "torch": v("torch"), "deepspeed": v("deepspeed"),
+            "hostname": socket.gethostname(), "platform": platform.platform(), "git_commit": commit,
+            "git_dirty": dirty, "brigade": v("brigade")}
+
+
+def make_record(config: dict, run: RunConfig | None, dims: ParallelDims | None, status: str, error: str | None,
+                measured: dict | None = None, predicted: dict | None = None, env: dict | None = None,
+                run_dir: Path | None = None, wall_s: float | None = None) -> dict:
+    return {
+        "schema_version": rec.SCHEMA_VERSION,
+        "run_id": rec.run_id(config),
+        "study": config.get("study", "adhoc"),
+        "strategy": (config.get("strategy") or {}).get("name"),
+        "dims": dims.as_dict() if dims else None,
+        "status": status,
+        "error": error,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_s": wall_s,
+        "run_dir": str(run_dir) if run_dir else None,
+        "config": config,
+        "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
+        "measured": measured or {},
+        "predicted": predicted or {},
+    }
+
+
+def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:
+    """A new directory per attempt: an earlier attempt's files are never overwritten."""
+    base = Path(results_dir) / "runs" / study
+    for attempt in range(1000):
+        d = base / (name if attempt == 0 else f"{name}.{attempt}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"too many attempts of {name} in {base}")
+
+
+def _skip_existing(config: dict, run: RunConfig) -> dict | None:
+    """Resume: in a named study, a config that already has a finished record is not run again
+    (rerun=failed re-runs failed/timeout/oom ones, rerun=all everything)."""
+    if run.study == "adhoc" or run.rerun == "all":
+        return None
+    done = rec.latest_by_run_id(rec.read(rec.records_path(run.results_dir, run.study))).get(rec.run_id(config))
+    if done is None or done["status"] == "invalid":
+        return None
+    if run.rerun == "failed" and done["status"] != "ok":
+        return None
+    return done
+
+
+def run_job(cfg: DictConfig) -> dict:
+    """Hydra task function: run one config and return its record."""
+    t0 = time.monotonic()
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    raw.pop("hydra", None)
+    try:
+        run = to_run_config(cfg)
+        config = as_dict(run)
+    except Exception as e:  # noqa: BLE001 - a type error in an override is an invalid config
+        record = make_record(raw, None, None, "invalid", f"{type(e).__name__}: {e}")
+        return _finish(record, raw.get("results_dir", "results"), None, None)
+
+    done = _skip_existing(config, run)
+    if done is not None:
+        console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
+                      f"in {rec.records_path(run.results_dir, run.study)}[/]")
+        return {**done, "skipped": True}
+
+    from harness.costmodel import predict
+    from harness.validate import validate
+
+    try:
+        dims = validate(run)
+        predicted = predict(run, dims)
+        need, have = predicted.get("peak_mem_bytes"), run.hardware.memory_GiB * GiB
+        if need and need > have and not run.allow_oversubscribe_memory:
+            raise ConfigError(f"predicted peak memory {need / GiB:.2f} GiB per device > {run.hardware.name} "
+                              f"memory {run.hardware.memory_GiB:.2f} GiB (allow_oversubscribe_memory=true runs it anyway)")
+    except ConfigError as e:
+        dims_or_none = _dims_if_valid(run)
+        record = make_record(config, run, dims_or_none, "invalid", str(e))
+        return _finish(record, run.results_dir, run, None)
+
+    run_dir = _fresh_run_dir(run.results_dir, run.study, f"{run.strategy.name}-{dims.label()}-{rec.run_id(config)}")
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+    (run_dir / "prediction.json").write_text(json.dumps(predicted, indent=1))
+    status, error, measured, env = _launch_and_collect(run, dims, run_dir)
+    record = make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
+    return _finish(record, run.results_dir, run, run_dir)
+
+
+def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
+    try:
+        return ParallelDims.from_config(run.parallel, run.launcher)
+    except ConfigError:
+        return None
+
+
+def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path):
+    import importlib
+
+    launcher = importlib.import_module(f"launch.{run.launcher.name}")
+    log_path = run_dir / "workers.log"
+    progress_file = run_dir / "progress"
+    with _progress(f"{run.strategy.name} {dims.label()}") as (bar, task):
+        def on_poll():
+            try:
+                done, total = map(int, progress_file.read_text().split())
+                bar.update(task, completed=done, total=total)
+            except (OSError, ValueError):
+                pass
+
+        result = launcher.execute(run, dims, run_dir, log_path, on_poll)
+    return collect(run, dims, run_dir, result)
+
+
+def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
+    """Turn what the ranks left in run_dir into (status, error, measured, env)."""
+    from harness.aggregate import aggregate, environment
+
+    errors = sorted(run_dir.glob("error_rank*.json"))
+    mfile = run_dir / "measurement.json"
+    if result.timed_out:
+        return "timeout", f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; ranks killed", {}, {}
+    if errors:
+        first = json.loads(errors[0].read_text())
+        status = "oom" if first.get("oom") else "failed"
+        return status, f"rank {first['rank']}: {first['type']}: {first['message']}", {}, {}
+    if result.returncode != 0 or not mfile.exists():
+        return "failed", f"workers exited with code {result.returncode}: {_tail(result.log_path)}", {}, {}
+    measurement = json.loads(mfile.read_text())
+    try:
+        return "ok", None, aggregate(run, dims, measurement), environment(measurement["ranks"])
+    except Exception as e:  # noqa: BLE001 - a bug in aggregation must still yield a record
+        return "failed", f"aggregating measurement.json failed: {type(e).__name__}: {e}\n{traceback.format_exc()}", {}, {}
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(l for l in lines[-n:] if l.strip())[-2000:]
+
+
+def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None) -> dict:
+    path = rec.records_path(results_dir, record["study"])
+    rec.append(path, record)
+    if run is not None and run_dir is not None and record["status"] == "ok":
+        from harness.wandb_log import log_record
+
+        wandb_dir = log_record(record, run_dir, run.logger, job_type=run.launcher.name)
+        if wandb_dir:
+            record["wandb_dir"] = wandb_dir
+    _print_summary(record)
+    return record
+
+
+def _print_summary(record: dict) -> None:
+    from harness.table import degrees
+
+    style = {"ok": "green", "invalid": "yellow"}.get(record["status"], "red")
+    m = record.get("measured") or {}
+    detail = (f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
+              if record["status"] == "ok" else (record.get("error") or "")[:300])
+    console.print(f"[{style}]{record['status']:>7}[/] {record['strategy']} {degrees(record.get('dims') or {})} "
+                  f"[dim]{record['run_id']}[/] {detail}")
+
+
+class _progress:
+    """Steps of the current run, under the sweep's own bar when a sweep is running."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __enter__(self):
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
+        total = int(os.environ.get("BRIGADE_SWEEP_TOTAL", "0"))
+        if total:
+            num = int(os.environ.get("BRIGADE_SWEEP_DONE", "0"))
+            self.bar.add_task("sweep", total=total, completed=num)
+        task = self.bar.add_task(f"  {self.label} steps", total=None)
+        self.bar.start()
+        return self.bar, task
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+        return False

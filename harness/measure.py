@@ -1,0 +1,97 @@
+"""Measurement primitives: device-synchronised step timing, exact local tensor bytes, peak memory.
+
+Model-state memory is counted as the exact bytes of the tensors a rank holds (a DTensor counts its
+local shard), which shows sharding exactly; process RSS on CPU does not (allocator caching, the full
+model built before sharding), so it is reported only as a labelled sanity figure.
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # DTensor: only the shard this rank holds
+    return to_local() if callable(to_local) else t
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct storages among `tensors` (tied or aliased tensors count once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        t = local_tensor(t)
+        if t is None or t.device.type == "meta":
+            continue
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def model_state_bytes(state: dict[str, list]) -> dict[str, int]:
+    out = {f"{k}_bytes": tensor_bytes(v) for k, v in state.items()}
+    out.setdefault("params_bytes", 0)
+    out.setdefault("grads_bytes", 0)
+    out.setdefault("optimizer_bytes", 0)
+    out["model_states_bytes"] = sum(out.values())
+    return out
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict[str, int | str]:
+    if device.type == "cuda":
+        return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device),
+                "peak_mem_kind": "cuda_max_allocated"}
+    # Linux reports ru_maxrss in KiB. Whole-process peak RSS, not tensor memory: a sanity figure.
+    return {"peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_mem_kind": "cpu_peak_rss"}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linearly interpolated percentile, q in [0, 100] (numpy's default method)."""
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def step_stats(step_times: list[float]) -> dict[str, float]:
+    return {"step_time_s": statistics.median(step_times),
+            "step_time_s_p10": percentile(step_times, 10),
+            "step_time_s_p90": percentile(step_times, 90),
+            "step_time_s_mean": statistics.fmean(step_times),
+            "step_time_s_std": statistics.pstdev(step_times)}
+
+
+class Clock:
+    """Wall time of a region with the device synchronised at both ends (CUDA events would avoid
+    the host sync, but the host sync is what bounds a training step anyway)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        synchronize(self.device)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        synchronize(self.device)
+        self.elapsed = time.perf_counter() - self.t0
+        return False

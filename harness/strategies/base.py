@@ -1,0 +1,103 @@
+"""The strategy interface: how one optimizer step is executed over this rank's share of the batch.
+
+The timed loop (harness/loop.py) is the same for every strategy. It calls:
+
+    strategy.setup(model)            # wrap / shard / split the model and build the optimizer together
+                                     # (DeepSpeed needs both at once, so they are not separate calls)
+    strategy.train_step(microbatches) -> local loss or None
+    strategy.state_tensors()         # the local tensors of params, grads and optimizer state
+
+`Strategy` itself is plain single-device training with gradient accumulation; subclasses override
+`setup`, `accumulating` (e.g. DDP's no_sync) or the whole `train_step` (pipelines, DeepSpeed).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from models.gpt import loss_fn
+
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+class Strategy:
+    def __init__(self, run, dims, mesh, device: torch.device):
+        self.run, self.dims, self.mesh, self.device = run, dims, mesh, device
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.precision = run.workload.precision
+        # fp16 needs loss scaling; bf16 and fp32 do not (GradScaler is CUDA-only here)
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16-mixed" else None
+
+    # -- what a rank contributes -------------------------------------------------------------
+    @property
+    def loss_owner(self) -> bool:
+        """Whether this rank's loss enters the reported global mean: one rank per data-parallel
+        replica (tp replicas hold the same loss; only the last pipeline stage computes it)."""
+        c = self.dims.coords(torch.distributed.get_rank())
+        return c["tp"] == 0 and c["pp"] == self.dims.pp - 1
+
+    # -- building ----------------------------------------------------------------------------
+    def setup(self, model: torch.nn.Module) -> None:
+        self.model = model.to(self.device)
+        self.optimizer = self.make_optimizer(self.model.parameters())
+
+    def make_optimizer(self, params, foreach: bool | None = None) -> torch.optim.Optimizer:
+        w = self.run.workload
+        return torch.optim.AdamW(params, lr=w.lr, weight_decay=w.weight_decay, betas=(0.9, 0.95), foreach=foreach)
+
+    # -- one optimizer step -----------------------------------------------------------------
+    def autocast(self):
+        dtype = AUTOCAST_DTYPES.get(self.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def accumulating(self, last: bool):
+        """Context for one micro-batch's forward+backward; `last` is the one whose backward syncs."""
+        return contextlib.nullcontext()
+
+    def forward_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            logits = self.model(inputs)
+            loss = loss_fn(logits, targets)
+        aux = getattr(getattr(self.model, "module", self.model), "aux_loss", None)  # DDP wraps in .module
+        aux = aux() if callable(aux) else None
+        if aux is not None:
+            loss = loss + self.run.model.aux_loss_coef * aux
+        return loss
+
+    def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+        self.optimizer.zero_grad(set_to_none=True)
+        n = len(microbatches)
+        total = torch.zeros((), device=self.device)
+        for i, (inputs, targets) in enumerate(microbatches):
+            with self.accumulating(last=i == n - 1):
+                loss = self.forward_loss(inputs, targets) / n  # mean over the rank's micro-batches
+                self.backward(loss)
+            total += loss.detach()
+        self.optimizer_step()
+        return total
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    # -- measurement ---------------------------------------------------------------------------
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Local tensors of the model states, for exact per-rank byte counts (DTensors are
+        unwrapped by the caller). Override when an engine keeps them elsewhere (DeepSpeed)."""
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params if p.grad is not None]
+        opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        return {"params": params, "grads": grads, "optimizer": opt}
+
+
+STRATEGY = Strategy

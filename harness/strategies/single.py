@@ -1,0 +1,4 @@
+"""single: one process, no parallelism. The reference every strategy is compared against."""
+from harness.strategies.base import Strategy
+
+STRATEGY = Strategy

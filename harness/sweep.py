@@ -1,0 +1,57 @@
+"""The parts of a sweep that the Hydra sweeper delegates to brigade: records for jobs that never
+ran their task function, and the end-of-study table (and report)."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import record as rec
+from harness.job import console, make_record
+
+
+def _base(config: DictConfig) -> tuple[str, str]:
+    return str(config.get("results_dir", "results")), str(config.get("study", "adhoc"))
+
+
+def _append(results_dir: str, record: dict, label: str) -> dict:
+    rec.append(rec.records_path(results_dir, record["study"]), record)
+    style = "yellow" if record["status"] == "invalid" else "red"
+    console.print(f"[{style}]{record['status']:>7}[/] {label}: {(record['error'] or '')[:300]}")
+    return record
+
+
+def composition_failure(config: DictConfig, overrides: list[str], error: Exception) -> dict:
+    """A job Hydra cannot compose (unknown option, bad type): an invalid record with Hydra's message."""
+    results_dir, study = _base(config)
+    strategy = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "strategy"), None)
+    cfg = {"study": study, "overrides": list(overrides), "strategy": {"name": strategy}}
+    return _append(results_dir, make_record(cfg, None, None, "invalid", f"{type(error).__name__}: {error}"),
+                   " ".join(overrides))
+
+
+def launcher_failure(job_cfg: DictConfig, error: Exception) -> dict:
+    """A job the launcher reports failed before it wrote a record (e.g. killed by SLURM). The job's
+    config is composed here as in the job, so the record has the run_id a resumed study looks for."""
+    from harness.config import as_dict, to_run_config
+    from harness.validate import validate
+
+    run = to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"]))
+    config = as_dict(run)
+    try:
+        dims = validate(run)
+    except Exception:  # noqa: BLE001
+        dims = None
+    text = f"{type(error).__name__}: {str(error)[:2000]}"
+    status = "timeout" if "timeout" in text.lower() else "failed"
+    return _append(run.results_dir, make_record(config, run, dims, status, text), run.strategy.name)
+
+
+def finish_study(config: DictConfig, records: list[dict]) -> None:
+    from harness.table import print_table
+
+    results_dir, study = _base(config)
+    print_table(records, f"study {study}: {len(records)} runs", console)
+    console.print(f"records: {rec.records_path(results_dir, study)}")
+    wandb_dirs = [r.get("wandb_dir") for r in records if r.get("wandb_dir")]
+    if wandb_dirs:
+        console.print(f"W&B offline runs: {len(wandb_dirs)} under {results_dir}/runs/{study}/*/wandb "
+                      f"(sync with `wandb sync <dir>`)")

@@ -1,0 +1,126 @@
+"""Refuse configs that cannot run, before anything is launched; each message shows the arithmetic.
+
+Pure (no torch). Rules are keyed on config fields, not on strategy names, so a new strategy adds
+no branch here unless it brings a new constraint.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.config import RunConfig
+from harness.dims import ConfigError, ParallelDims
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+CHECKPOINTING = ("none", "selective", "full")
+# Pipeline schedules: (virtual stages per rank it needs: None = any >= 2, 1 = exactly one, 2 = V-shape)
+SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": None, "looped_bfs": None,
+             "interleaved_zero_bubble": None, "zbv_zero_bubble": 2, "dualpipev": 2}
+
+
+def available_strategies() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
+
+
+def num_microbatches(run: RunConfig, dims: ParallelDims) -> int:
+    w = run.workload
+    per_step = dims.dp * w.micro_batch_size
+    if w.global_batch_size % per_step:
+        raise ConfigError(f"global_batch_size {w.global_batch_size} not divisible by "
+                          f"dp*micro_batch_size {per_step} (dp {dims.dp} * micro_batch_size {w.micro_batch_size})")
+    derived = w.global_batch_size // per_step
+    if w.num_microbatches is not None and w.num_microbatches != derived:
+        raise ConfigError(f"num_microbatches {w.num_microbatches} != global_batch_size {w.global_batch_size} / "
+                          f"(dp {dims.dp} * micro_batch_size {w.micro_batch_size}) = {derived}")
+    return derived
+
+
+def validate(run: RunConfig) -> ParallelDims:
+    """Return the ParallelDims of a runnable config, or raise ConfigError saying why it cannot run."""
+    m, s, p, w, hw = run.model, run.strategy, run.parallel, run.workload, run.hardware
+    names = available_strategies()
+    if s.name not in names:
+        raise ConfigError(f"unknown strategy '{s.name}'; available: {', '.join(names)}")
+    if s.engine not in ("torch", "deepspeed"):
+        raise ConfigError(f"unknown strategy.engine '{s.engine}'; available: torch, deepspeed")
+    dims = ParallelDims.from_config(p, run.launcher)
+    if run.launcher.nodes < 1 or dims.world_size % run.launcher.nodes:
+        raise ConfigError(f"world size {dims.world_size} not divisible by launcher.nodes {run.launcher.nodes}")
+
+    for axis in ("dp", "tp", "pp", "ep"):
+        if getattr(dims, axis) > 1 and axis not in s.axes:
+            raise ConfigError(f"strategy {s.name} does not use the {axis} axis ({axis}={getattr(dims, axis)}); "
+                              f"it uses: {', '.join(s.axes) or 'none (one process)'}")
+    if dims.vpp > 1 and "pp" not in s.axes:
+        raise ConfigError(f"strategy {s.name} has no pipeline, so vpp must be 1 (got vpp={dims.vpp})")
+
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"d_model {m.d_model} not divisible by n_heads {m.n_heads}")
+    if m.n_heads % dims.tp:
+        raise ConfigError(f"n_heads {m.n_heads} not divisible by tp {dims.tp}")
+    if dims.tp > 1 and m.d_ff % dims.tp:
+        raise ConfigError(f"d_ff {m.d_ff} not divisible by tp {dims.tp}")
+    if m.n_layers % (dims.pp * dims.vpp):
+        raise ConfigError(f"n_layers {m.n_layers} not divisible by pp*vpp {dims.pp * dims.vpp} "
+                          f"(pp {dims.pp} * vpp {dims.vpp})")
+    if m.attention not in ("sdpa", "eager"):
+        raise ConfigError(f"unknown model.attention '{m.attention}'; available: sdpa, eager")
+    if m.n_experts:
+        if not 1 <= m.top_k <= m.n_experts:
+            raise ConfigError(f"top_k {m.top_k} must be in 1..n_experts {m.n_experts}")
+        if m.n_experts % dims.ep:
+            raise ConfigError(f"n_experts {m.n_experts} not divisible by ep {dims.ep}")
+    elif dims.ep > 1:
+        raise ConfigError(f"ep {dims.ep} needs a MoE model (model.n_experts > 0, e.g. model=moe_tiny)")
+
+    nmb = num_microbatches(run, dims)
+    if w.precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision '{w.precision}'; available: {', '.join(PRECISIONS)}")
+    if w.precision not in hw.precisions:
+        raise ConfigError(f"precision {w.precision} cannot run on hardware {hw.name} ({hw.device}); "
+                          f"it runs: {', '.join(hw.precisions)}")
+    if w.activation_checkpointing not in CHECKPOINTING:
+        raise ConfigError(f"unknown activation_checkpointing '{w.activation_checkpointing}'; "
+                          f"available: {', '.join(CHECKPOINTING)}")
+    if w.steps < 1 or w.warmup_steps < 0:
+        raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
+
+    if s.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
+        raise ConfigError(f"unknown comm_hook '{s.comm_hook}'; available: none, fp16, bf16, powersgd")
+    if s.comm_hook == "bf16" and hw.device != "cuda":
+        raise ConfigError(f"comm_hook bf16 needs NCCL (CUDA); hardware {hw.name} uses gloo: use fp16 or powersgd")
+
+    if "pp" in s.axes and dims.pp > 1:
+        _validate_pipeline(run, dims, nmb)
+    if s.engine == "deepspeed":
+        if s.zero_stage >= 2 and dims.pp > 1:
+            raise ConfigError(f"DeepSpeed refuses ZeRO stage {s.zero_stage} with pipeline parallelism "
+                              f"(pp={dims.pp}); use zero_stage 0 or 1")
+        if s.zero_stage == 3 and m.n_experts:
+            raise ConfigError("DeepSpeed refuses ZeRO stage 3 with MoE layers; use zero_stage 0, 1 or 2")
+    if s.offload not in ("none", "optimizer", "optimizer+params"):
+        raise ConfigError(f"unknown offload '{s.offload}'; available: none, optimizer, optimizer+params")
+    if s.offload != "none":
+        if s.engine != "deepspeed":
+            raise ConfigError(f"offload {s.offload} needs strategy.engine=deepspeed (got {s.engine})")
+        need = 3 if s.offload == "optimizer+params" else 1
+        if s.zero_stage < need:
+            raise ConfigError(f"offload {s.offload} needs ZeRO stage >= {need} (got {s.zero_stage})")
+    return dims
+
+
+def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
+    s = run.strategy
+    if s.schedule not in SCHEDULES:
+        raise ConfigError(f"unknown schedule '{s.schedule}'; available: {', '.join(SCHEDULES)}")
+    need = SCHEDULES[s.schedule]
+    if need == 1 and dims.vpp != 1:
+        raise ConfigError(f"schedule {s.schedule} runs one stage per rank: vpp must be 1 (got {dims.vpp}); "
+                          f"use interleaved_1f1b or looped_bfs for vpp > 1")
+    if need is None and dims.vpp < 2:
+        raise ConfigError(f"schedule {s.schedule} needs vpp >= 2 virtual stages per rank (got {dims.vpp})")
+    if need == 2 and dims.vpp != 2:
+        raise ConfigError(f"schedule {s.schedule} is V-shaped: vpp must be 2 (got {dims.vpp})")
+    stages = dims.pp * dims.vpp
+    if s.schedule == "dualpipev" and nmb < stages:
+        raise ConfigError(f"dualpipev needs num_microbatches >= stages: {nmb} < pp*vpp {stages}")

@@ -1,0 +1,72 @@
+"""One W&B run per benchmark run, logged by the parent after the ranks are done.
+
+Offline unless the user says otherwise (WANDB_MODE wins over logger.mode); every W&B file lives under
+the run directory (WANDB_DIR and friends), nothing in the home directory. A W&B failure is reported
+and swallowed: the local record is written first and never depends on W&B.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _scalars(d: dict) -> dict:
+    return {k: v for k, v in _flatten(d).items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def wandb_env(run_dir: Path, mode: str) -> dict[str, str]:
+    wdir = Path(run_dir).resolve()
+    return {"WANDB_MODE": os.environ.get("WANDB_MODE", mode), "WANDB_DIR": str(wdir),
+            "WANDB_CACHE_DIR": str(wdir / "wandb" / ".cache"), "WANDB_CONFIG_DIR": str(wdir / "wandb" / ".config"),
+            "WANDB_DATA_DIR": str(wdir / "wandb" / ".data"), "WANDB_SILENT": "true",
+            "WANDB_DISABLE_GIT": "true"}
+
+
+def run_name(record: dict) -> str:
+    from harness.table import degrees
+
+    engine = (record.get("config") or {}).get("strategy", {}).get("engine", "torch")
+    prefix = "ds-" if engine == "deepspeed" else ""
+    return f"{prefix}{record['strategy']}-{degrees(record.get('dims') or {})}-{record['run_id'][:6]}"
+
+
+def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> str | None:
+    """Log one record as a W&B run. Returns the W&B run directory, or None if logging is off/failed."""
+    if logger_cfg.name != "wandb":
+        return None
+    os.environ.update(wandb_env(run_dir, logger_cfg.mode))
+    try:
+        import wandb
+
+        run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, group=record["study"],
+                         job_type=job_type, name=run_name(record), config=_flatten(record.get("config") or {}),
+                         dir=str(run_dir), reinit="finish_previous",
+                         settings=wandb.Settings(console="off", x_disable_stats=True))
+        m = record.get("measured") or {}
+        for i, (loss, t) in enumerate(zip(m.get("losses", []), [None] * m.get("warmup_steps", 0)
+                                          + m.get("step_times_s", []))):
+            row = {"step": i, "loss": loss}
+            if t is not None:
+                row["step_time_s"] = t
+            run.log(row, step=i)
+        summary = {"status": record["status"], "run_id": record["run_id"]}
+        for prefix in ("measured", "predicted", "fidelity"):
+            summary.update({f"{prefix}/{k}": v for k, v in _scalars(record.get(prefix) or {}).items()})
+        run.summary.update(summary)
+        path = run.dir
+        run.finish()
+        return str(Path(path).parent)
+    except Exception as e:  # noqa: BLE001 - W&B must never lose a local record
+        print(f"W&B logging failed ({type(e).__name__}: {e}); the local record is unaffected")
+        return None

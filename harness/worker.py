@@ -1,0 +1,137 @@
+"""The worker: what every rank runs under torchrun.
+
+    python -m torch.distributed.run ... -m harness.worker <run_dir>
+
+It reads the frozen, resolved config from <run_dir>/config.yaml (it never re-enters Hydra), builds
+the mesh, the model and the strategy, runs the timed loop, and rank 0 writes
+<run_dir>/measurement.json with every rank's figures. A rank that fails writes
+<run_dir>/error_rank<r>.json (type, message, traceback) before re-raising, so the parent can say
+why in the record; torchrun then stops the other ranks, so a crash never becomes a hang.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def _environment(device) -> dict:
+    import torch
+
+    env = {"torch": torch.__version__, "hostname": socket.gethostname(), "device_type": device.type,
+           "cpu_count": os.cpu_count()}
+    try:
+        from importlib.metadata import version
+
+        env["deepspeed"] = version("deepspeed")
+    except Exception:  # noqa: BLE001 - deepspeed is optional for people who bring their own stack
+        env["deepspeed"] = None
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    else:
+        env["device_name"] = _cpu_name()
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def main(run_dir: str) -> None:
+    run_dir = Path(run_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        _run(run_dir, rank)
+    except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for torchrun
+        _write_json(run_dir / f"error_rank{rank}.json",
+                    {"rank": rank, "type": type(e).__name__, "message": str(e)[:4000],
+                     "oom": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
+        raise
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+
+
+def _run(run_dir: Path, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from harness import strategies
+    from harness.config import to_run_config
+    from harness.loop import run_steps
+    from harness.validate import validate, num_microbatches
+    from models.gpt import build_model
+
+    run = to_run_config(OmegaConf.load(run_dir / "config.yaml"))
+    dims = validate(run)
+    nmb = num_microbatches(run, dims)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if run.hardware.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    # A collective that never completes (a lost peer) raises after this, instead of hanging.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=max(60, run.launcher.timeout_s / 2)))
+    assert dist.get_world_size() == dims.world_size, (dist.get_world_size(), dims.world_size)
+    mesh = dims.build_mesh(device.type)
+
+    model = build_model(run.model, run.workload.seed)
+    model.set_activation_checkpointing(run.workload.activation_checkpointing)
+    strategy = strategies.load(run.strategy)(run, dims, mesh, device)
+    strategy.setup(model)
+    if run.fault == "crash_rank1" and rank == 1:
+        raise RuntimeError("fault injection: rank 1 crashed on purpose (fault=crash_rank1)")
+    if run.fault == "hang_rank1" and rank == 1:
+        time.sleep(10**6)
+
+    progress_file = run_dir / "progress"
+
+    def progress(done: int, total: int) -> None:
+        if rank == 0:
+            progress_file.write_text(f"{done} {total}")
+
+    from harness.hooks import make_hooks
+
+    t0 = time.perf_counter()
+    result = run_steps(strategy, run, dims, nmb, device, progress=progress, hooks=make_hooks(run, dims, run_dir))
+    result["loop_wall_s"] = time.perf_counter() - t0
+    result["rank"] = rank
+    result["coords"] = dims.coords(rank)
+    result["env"] = _environment(device)
+    result["num_threads"] = torch.get_num_threads()
+    gathered = [None] * dims.world_size
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        _write_json(run_dir / "measurement.json", {"num_microbatches": nmb, "ranks": gathered})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

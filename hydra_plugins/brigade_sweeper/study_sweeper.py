@@ -1,0 +1,121 @@
+"""brigade's Hydra sweeper: a study is an explicit list of runs, crossed with any command-line sweep.
+
+A study is rarely a cartesian product (single at dp=1, ddp at dp=2 and 4, tp at tp=2 ...), so an
+experiment overlay lists its runs, each a list of overrides:
+
+    hydra:
+      mode: MULTIRUN
+      sweeper:
+        runs:
+          - [strategy=single]
+          - [strategy=ddp, parallel.dp=2]
+
+Command-line sweeps (`strategy=ddp,fsdp`) still expand as with Hydra's basic sweeper and are crossed
+with the runs; on the same key the command line wins. Before launching, every job is composed once:
+a job that cannot be composed (an unknown config option) becomes an `invalid` record and the sweep
+goes on. A job whose launcher reports a failure without a record (a SLURM job killed before it could
+write one) gets a `failed` record here. At the end the study's table is printed (and its report
+written). The launcher is whatever hydra/launcher says (basic: one by one; submitit: SLURM jobs).
+"""
+
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.plugins.sweeper import Sweeper
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StudySweeperConf:
+    _target_: str = "hydra_plugins.brigade_sweeper.study_sweeper.StudySweeper"
+    max_batch_size: Optional[int] = None  # jobs handed to the launcher at once (None: all; basic launcher: 1)
+    params: Optional[Dict[str, str]] = None  # cartesian sweep params, as Hydra's basic sweeper
+    runs: List[Any] = field(default_factory=list)  # the study's runs: each a list of overrides
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="brigade", node=StudySweeperConf, provider="brigade")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _as_overrides(run) -> list[str]:
+    if isinstance(run, (list, tuple)) or OmegaConf.is_list(run):
+        return [str(x) for x in run]
+    if isinstance(run, str):
+        return [run]
+    return [f"{k}={v}" for k, v in dict(run).items()]
+
+
+class StudySweeper(Sweeper):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None,
+                 runs: Optional[List[Any]] = None):
+        super().__init__()
+        self.max_batch_size = max_batch_size
+        self.params = params or {}
+        self.runs = [_as_overrides(r) for r in (runs or [])]
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    def jobs(self, arguments: list[str]) -> list[list[str]]:
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        params = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        product = BasicSweeper.split_arguments(parser.parse_overrides(params), None)[0]
+        if not self.runs:
+            return product
+        out = []
+        for run, base in itertools.product(self.runs, product):
+            keys = {_key(o) for o in base}
+            out.append([o for o in run if _key(o) not in keys] + list(base))
+        return out
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from harness.sweep import composition_failure, launcher_failure, finish_study
+
+        jobs = self.jobs(arguments)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+
+        records: list = [None] * len(jobs)
+        composed: dict = {}
+        for i, job in enumerate(jobs):
+            try:
+                composed[i] = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+            except Exception as e:  # noqa: BLE001 - e.g. strategy=nosuch: an invalid record, not a dead sweep
+                records[i] = composition_failure(self.config, job, e)
+        runnable = sorted(composed)
+
+        basic = "BasicLauncher" in str(self.config.hydra.launcher.get("_target_", ""))
+        size = 1 if basic else (self.max_batch_size or len(runnable) or 1)
+        os.environ["BRIGADE_SWEEP_TOTAL"] = str(len(jobs))
+        returns = []
+        for start in range(0, len(runnable), size):
+            idx = runnable[start:start + size]
+            os.environ["BRIGADE_SWEEP_DONE"] = str(sum(r is not None for r in records))
+            results = self.launcher.launch([jobs[i] for i in idx], initial_job_idx=idx[0])
+            returns.append(results)
+            for i, r in zip(idx, results):
+                try:
+                    records[i] = r.return_value
+                except Exception as e:  # noqa: BLE001 - the job died without writing its record
+                    records[i] = launcher_failure(composed[i], e)
+        os.environ.pop("BRIGADE_SWEEP_TOTAL", None)
+        finish_study(self.config, [r for r in records if r is not None])
+        return returns

@@ -46,7 +46,8 @@ def run_steps(strategy, run, dims, num_microbatches: int, device, progress=None,
     for h in hooks:  # e.g. the profiler window (issue: measurement), after and apart from timing
         profile.update(h.finish(strategy, batch, total) or {})
     return {"losses": _global_losses(strategy, losses, device), "step_times": step_times,
-            "memory": {**states, **measure.peak_memory(device)}, **profile}
+            "memory": {**states, **measure.peak_memory(device)}, "measured": strategy.extra_measurements(),
+            **profile}
 
 
 def _global_losses(strategy, losses, device) -> list[float]:

@@ -103,7 +103,7 @@ def _run(run_dir: Path, rank: int) -> None:
 
     model = build_model(run.model, run.workload.seed)
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
-    strategy = strategies.load(run.strategy)(run, dims, mesh, device)
+    strategy = strategies.load(run.strategy)(run, dims, mesh, device, run_dir)
     strategy.setup(model)
     if run.fault == "crash_rank1" and rank == 1:
         raise RuntimeError("fault injection: rank 1 crashed on purpose (fault=crash_rank1)")

@@ -22,8 +22,9 @@ AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
 class Strategy:
-    def __init__(self, run, dims, mesh, device: torch.device):
+    def __init__(self, run, dims, mesh, device: torch.device, run_dir=None):
         self.run, self.dims, self.mesh, self.device = run, dims, mesh, device
+        self.run_dir = run_dir  # where a strategy may leave files of its own (e.g. a pipeline timeline)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.precision = run.workload.precision
@@ -91,6 +92,11 @@ class Strategy:
             self.optimizer.step()
 
     # -- measurement ---------------------------------------------------------------------------
+    def extra_measurements(self) -> dict:
+        """Figures only this strategy can measure (e.g. a pipeline's bubble), called once after the
+        timed steps; merged into this rank's result under "measured" (see harness/aggregate.py)."""
+        return {}
+
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """Local tensors of the model states, for exact per-rank byte counts (DTensors are
         unwrapped by the caller). Override when an engine keeps them elsewhere (DeepSpeed)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import record as rec
@@ -173,7 +174,8 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
     if result.timed_out:
         return "timeout", f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; ranks killed", {}, {}
     if errors:
-        first = json.loads(errors[0].read_text())
+        # The earliest error is the cause; the others are peers noticing the lost rank.
+        first = min((json.loads(e.read_text()) for e in errors), key=lambda e: e.get("time", 0))
         status = "oom" if first.get("oom") else "failed"
         return status, f"rank {first['rank']}: {first['type']}: {first['message']}", {}, {}
     if result.returncode != 0 or not mfile.exists():
@@ -212,7 +214,7 @@ def _print_summary(record: dict) -> None:
     style = {"ok": "green", "invalid": "yellow"}.get(record["status"], "red")
     m = record.get("measured") or {}
     detail = (f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
-              if record["status"] == "ok" else (record.get("error") or "")[:300])
+              if record["status"] == "ok" else escape((record.get("error") or "")[:300]))
     console.print(f"[{style}]{record['status']:>7}[/] {record['strategy']} {degrees(record.get('dims') or {})} "
                   f"[dim]{record['run_id']}[/] {detail}")
 

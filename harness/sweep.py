@@ -3,6 +3,7 @@ ran their task function, and the end-of-study table (and report)."""
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
+from rich.markup import escape
 
 from harness import record as rec
 from harness.job import console, make_record
@@ -15,7 +16,7 @@ def _base(config: DictConfig) -> tuple[str, str]:
 def _append(results_dir: str, record: dict, label: str) -> dict:
     rec.append(rec.records_path(results_dir, record["study"]), record)
     style = "yellow" if record["status"] == "invalid" else "red"
-    console.print(f"[{style}]{record['status']:>7}[/] {label}: {(record['error'] or '')[:300]}")
+    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)}: {escape((record['error'] or '')[:300])}")
     return record
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STATUS_STYLE = {"ok": "green", "invalid": "yellow", "failed": "red", "timeout": "red", "oom": "magenta"}
@@ -37,7 +38,7 @@ def results_table(records: list[dict], title: str) -> Table:
     for r in records:
         m, p = r.get("measured") or {}, r.get("predicted") or {}
         status = r["status"]
-        note = "" if status == "ok" else f" {(r.get('error') or '')[:70]}"
+        note = "" if status == "ok" else f" {escape((r.get('error') or '')[:70])}"
         t.add_row(r.get("strategy") or "?", (r.get("config") or {}).get("strategy", {}).get("engine", "?"),
                   degrees(r.get("dims") or {}), str((r.get("dims") or {}).get("world_size", "-")),
                   _pair(m.get("step_time_s"), p.get("step_time_s"), lambda x: f"{x:.3f}"),

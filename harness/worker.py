@@ -65,7 +65,7 @@ def main(run_dir: str) -> None:
         _run(run_dir, rank)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for torchrun
         _write_json(run_dir / f"error_rank{rank}.json",
-                    {"rank": rank, "type": type(e).__name__, "message": str(e)[:4000],
+                    {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e)[:4000],
                      "oom": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
         raise
 

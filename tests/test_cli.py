@@ -1,0 +1,74 @@
+"""End-to-end tier: the `brigade` CLI as a user runs it, in a subprocess, with real torchrun ranks."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, cli, records
+from tests.wandb_file import summary_and_history
+
+pytestmark = pytest.mark.slow
+
+
+def test_sweep_over_three_configs_records_each_and_goes_on_past_an_invalid_one(tmp_path):
+    # dp=3 cannot split a global batch of 8 into micro-batches of 2: invalid, and the sweep goes on.
+    p = cli(["-m", *[o for o in FAST if not o.startswith("logger")], "logger=wandb", "strategy=ddp",
+             "parallel.dp=1,2,3"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = records(tmp_path)
+    assert [(r["dims"]["dp"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok"), (3, "invalid")], rows
+    assert "global_batch_size 8 not divisible by dp*micro_batch_size 6" in rows[2]["error"]
+    for r in rows[:2]:
+        m = r["measured"]
+        assert m["steps_timed"] == 5 and len(m["losses"]) == 6 and m["step_time_s"] > 0
+        assert m["step_time_s_p10"] <= m["step_time_s"] <= m["step_time_s_p90"]
+        assert r["env"]["torch"].startswith("2.13") and r["env"]["world_size"] == r["dims"]["world_size"]
+        assert not any(k.upper() == k for k in r["env"]), "no environment variables in a record"
+        # one W&B offline run per ok run, under its run directory, with the summary logged
+        runs = list(Path(r["run_dir"]).glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(runs) == 1, runs
+        summary, history = summary_and_history(runs[0])
+        assert summary["measured/step_time_s"] == pytest.approx(m["step_time_s"])
+        assert summary["status"] == "ok" and summary["run_id"] == r["run_id"]
+        assert [h["loss"] for h in history] == pytest.approx(m["losses"])
+    assert "study adhoc: 3 runs" in p.stderr  # the end-of-sweep table
+
+
+def test_unknown_strategy_in_a_sweep_is_an_invalid_record_listing_the_choices(tmp_path):
+    p = cli(["-m", *FAST, "strategy=single,nosuch"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {r["strategy"]["name"] if isinstance(r["strategy"], dict) else r["strategy"]: r for r in records(tmp_path)}
+    assert rows["single"]["status"] == "ok"
+    assert rows["nosuch"]["status"] == "invalid"
+    assert "nosuch" in rows["nosuch"]["error"] and "ddp" in rows["nosuch"]["error"]
+
+
+def test_a_crashed_rank_is_a_failed_record_not_a_hang(tmp_path):
+    t0 = time.monotonic()
+    p = cli([*FAST, "strategy=ddp", "parallel.dp=2", "fault=crash_rank1"], tmp_path)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = records(tmp_path)
+    assert r["status"] == "failed"
+    assert "rank 1: RuntimeError: fault injection" in r["error"]
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+def test_a_hung_rank_is_killed_at_the_wall_clock_limit(tmp_path):
+    p = cli([*FAST, "strategy=ddp", "parallel.dp=2", "fault=hang_rank1", "launcher.timeout_s=25"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = records(tmp_path)
+    assert r["status"] == "timeout" and "launcher.timeout_s=25" in r["error"]
+    import subprocess
+
+    left = subprocess.run(["pgrep", "-f", f"harness.worker {r['run_dir']}"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "ranks left behind after the timeout"
+
+
+def test_single_run_without_multirun(tmp_path):
+    p = cli([*FAST, "strategy=single"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = records(tmp_path)
+    assert r["status"] == "ok" and r["run_id"] in p.stderr

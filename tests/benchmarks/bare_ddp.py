@@ -1,0 +1,47 @@
+"""The baseline for brigade's overhead: the same model, data and steps with DDP and nothing else.
+
+    torchrun --standalone --nproc-per-node 2 tests/benchmarks/bare_ddp.py <n_steps> <preset>
+"""
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from harness.data import global_batch  # noqa: E402
+from models.gpt import build_model, loss_fn  # noqa: E402
+
+
+class Cfg:
+    def __init__(self, d):
+        self.__dict__.update(d)
+
+
+def main(steps: int, preset: str) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = Cfg(yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "model" / f"{preset}.yaml").read_text()))
+    cfg.__dict__.setdefault("capacity_factor", 0.0)
+    model = DDP(build_model(cfg, 1234))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    gbs, micro = 8, 2
+    per_rank = gbs // world
+    n_micro = per_rank // micro
+    for step in range(steps):
+        tokens = global_batch(step, 1234, gbs, cfg.seq_len, cfg.vocab_size)[rank * per_rank:(rank + 1) * per_rank]
+        opt.zero_grad(set_to_none=True)
+        for i, mb in enumerate(tokens.chunk(n_micro)):
+            ctx = model.no_sync() if i < n_micro - 1 else torch.enable_grad()
+            with ctx:
+                (loss_fn(model(mb[:, :-1]), mb[:, 1:]) / n_micro).backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main(int(sys.argv[1]), sys.argv[2])

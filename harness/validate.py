@@ -69,9 +69,11 @@ def validate(run: RunConfig) -> ParallelDims:
         if not 1 <= m.top_k <= m.n_experts:
             raise ConfigError(f"top_k {m.top_k} must be in 1..n_experts {m.n_experts}")
         if m.n_experts % dims.ep:
-            raise ConfigError(f"n_experts {m.n_experts} not divisible by ep {dims.ep}")
+            raise ConfigError(f"n_experts {m.n_experts} not divisible by ep {dims.ep} "
+                              f"({m.n_experts} % {dims.ep} = {m.n_experts % dims.ep}): each ep rank holds n_experts/ep experts")
     elif dims.ep > 1:
-        raise ConfigError(f"ep {dims.ep} needs a MoE model (model.n_experts > 0, e.g. model=moe_tiny)")
+        raise ConfigError(f"ep {dims.ep} needs a MoE model (model.n_experts > 0, e.g. model=moe_tiny); "
+                          f"model {m.name} has n_experts {m.n_experts}, so there is nothing to shard over ep")
 
     nmb = num_microbatches(run, dims)
     if w.precision not in PRECISIONS:

@@ -196,14 +196,16 @@ def _tail(path: Path, n: int = 15) -> str:
 
 
 def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None) -> dict:
-    path = rec.records_path(results_dir, record["study"])
-    rec.append(path, record)
-    if run is not None and run_dir is not None and record["status"] == "ok":
+    log_wandb = run is not None and run_dir is not None and record["status"] == "ok" and run.logger.name == "wandb"
+    if log_wandb:
+        from harness.wandb_log import run_identity
+
+        record["wandb"] = run_identity(record, run_dir, run.logger)  # known before logging: written with the record
+    rec.append(rec.records_path(results_dir, record["study"]), record)  # the record first: W&B can never lose it
+    if log_wandb:
         from harness.wandb_log import log_record
 
-        wandb_dir = log_record(record, run_dir, run.logger, job_type=run.launcher.name)
-        if wandb_dir:
-            record["wandb_dir"] = wandb_dir
+        log_record(record, run_dir, run.logger, job_type=run.launcher.name)
     _print_summary(record)
     return record
 

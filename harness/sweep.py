@@ -52,7 +52,7 @@ def finish_study(config: DictConfig, records: list[dict]) -> None:
     results_dir, study = _base(config)
     print_table(records, f"study {study}: {len(records)} runs", console)
     console.print(f"records: {rec.records_path(results_dir, study)}")
-    wandb_dirs = [r.get("wandb_dir") for r in records if r.get("wandb_dir")]
-    if wandb_dirs:
-        console.print(f"W&B offline runs: {len(wandb_dirs)} under {results_dir}/runs/{study}/*/wandb "
-                      f"(sync with `wandb sync <dir>`)")
+    logged = [r["wandb"] for r in records if r.get("wandb")]
+    if logged:
+        console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{study}' under "
+                      f"{results_dir}/runs/{study}/*/wandb (upload later with `wandb sync <dir>/offline-run-*`)")

@@ -7,6 +7,7 @@ and swallowed: the local record is written first and never depends on W&B.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -41,16 +42,22 @@ def run_name(record: dict) -> str:
     return f"{prefix}{record['strategy']}-{degrees(record.get('dims') or {})}-{record['run_id'][:6]}"
 
 
-def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> str | None:
-    """Log one record as a W&B run. Returns the W&B run directory, or None if logging is off/failed."""
-    if logger_cfg.name != "wandb":
-        return None
+def run_identity(record: dict, run_dir: Path, logger_cfg) -> dict:
+    """The W&B run this record is logged as: unique per study and attempt (run_dir's name)."""
+    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{record['study']}-{Path(run_dir).name}")[-64:]
+    return {"id": run_id, "project": logger_cfg.project, "group": record["study"], "name": run_name(record),
+            "mode": os.environ.get("WANDB_MODE", logger_cfg.mode), "dir": str(Path(run_dir) / "wandb")}
+
+
+def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> bool:
+    """Log one record as a W&B run (identity from record["wandb"]). False if logging failed."""
+    ident = record.get("wandb") or run_identity(record, run_dir, logger_cfg)
     os.environ.update(wandb_env(run_dir, logger_cfg.mode))
     try:
         import wandb
 
-        run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, group=record["study"],
-                         job_type=job_type, name=run_name(record), config=_flatten(record.get("config") or {}),
+        run = wandb.init(project=ident["project"], entity=logger_cfg.entity, group=ident["group"], id=ident["id"],
+                         job_type=job_type, name=ident["name"], config=_flatten(record.get("config") or {}),
                          dir=str(run_dir), reinit="finish_previous",
                          settings=wandb.Settings(console="off", x_disable_stats=True))
         m = record.get("measured") or {}
@@ -64,9 +71,8 @@ def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> str | 
         for prefix in ("measured", "predicted", "fidelity"):
             summary.update({f"{prefix}/{k}": v for k, v in _scalars(record.get(prefix) or {}).items()})
         run.summary.update(summary)
-        path = run.dir
         run.finish()
-        return str(Path(path).parent)
+        return True
     except Exception as e:  # noqa: BLE001 - W&B must never lose a local record
         print(f"W&B logging failed ({type(e).__name__}: {e}); the local record is unaffected")
-        return None
+        return False

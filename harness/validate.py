@@ -44,6 +44,9 @@ def validate(run: RunConfig) -> ParallelDims:
     if s.engine not in ("torch", "deepspeed"):
         raise ConfigError(f"unknown strategy.engine '{s.engine}'; available: torch, deepspeed")
     dims = ParallelDims.from_config(p, run.launcher)
+    if run.launcher.name == "local" and run.launcher.nodes != 1:
+        raise ConfigError(f"launcher local runs on this machine only (nodes={run.launcher.nodes}); "
+                          f"use launcher=slurm for several nodes")
     if run.launcher.nodes < 1 or dims.world_size % run.launcher.nodes:
         raise ConfigError(f"world size {dims.world_size} not divisible by launcher.nodes {run.launcher.nodes}")
 

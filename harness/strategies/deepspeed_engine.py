@@ -1,0 +1,308 @@
+"""deepspeed engine: every strategy with `strategy.engine=deepspeed` (ddp = ZeRO-0, zero1/2/3, pp, ep).
+
+The harness writes the DeepSpeed config (harness/ds_config.py) into the run directory and hands
+`deepspeed.initialize` the model and a client torch AdamW (same lr/betas/eps/weight_decay as every
+native strategy), so nothing is JIT-compiled. What DeepSpeed holds per rank, for N parameters at
+dp ranks, fp32 (STACK.md, measured):
+
+    stage 0: params N, grads N, Adam 2N                      grads all-reduced (ring, 2(dp-1)/dp x 4N bytes)
+    stage 1: params N, fp32 master N/dp, grads N/dp, Adam 2N/dp   grads reduced at the boundary,
+    stage 2: same as 1, grads reduce-scattered in buckets during backward   updated params all-gathered
+    stage 3: params N/dp (persistence threshold 0), master N/dp, grads N/dp, Adam 2N/dp; params
+             all-gathered before each layer's forward and backward, grads reduce-scattered
+
+The fp32 master partition exists even in fp32 runs: the ZeRO optimizer always steps a separate flat
+fp32 copy of this rank's partition and copies it back into the module's (bit16) params.
+
+One optimizer step is the base strategy's: the same micro-batches, `engine.backward` (which divides
+the loss by gradient_accumulation_steps, as the base divides by the micro-batch count) and
+`engine.step` after each (DeepSpeed steps only at its accumulation boundary).
+
+Pipeline (pp > 1, ZeRO 0/1): a DeepSpeed PipelineModule over the same model's layers
+[embedding, block 0..L-1, final norm + head], split by block count (partition "type:Block"), driven
+by `engine.train_batch` over an iterator of this rank's micro-batches (DeepSpeed's 1F1B schedule;
+activations and their gradients go point-to-point between neighbouring stages).
+
+MoE (model.n_experts > 0, ZeRO 0-2): each block's MLP becomes a `deepspeed.moe.layer.MoE` with
+ep_size = parallel.ep, built from the same weights as the single-process MoE (router -> gate.wg,
+global expert ep_rank * E/ep + i -> local expert i) and the same TopKGate settings models/moe.py
+mirrors, so losses match; expert parameters go to their own optimizer groups
+(`split_params_into_different_moe_groups_for_optimizer`) and are reduced over the expert-data
+group, tokens reach their experts by all-to-all over the ep group.
+
+Model-state bytes are captured from a step post-hook on the client optimizer (DeepSpeed's ZeRO
+optimizers call its step): at that instant params, master, the gradient partition and the
+optimizer state are all alive, i.e. their peak. DeepSpeed's communication buffers (the reduce
+bucket, stage 2's contiguous gradient partition it flattens from) are reported apart, under
+measured.deepspeed, not as model states.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+
+import torch
+import torch.distributed as dist
+
+from harness import ds_config
+from harness.strategies.base import Strategy
+
+ADAM_BETAS = (0.9, 0.95)  # harness/strategies/base.py make_optimizer
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which make_optimizer uses
+
+
+def import_deepspeed():
+    """Import DeepSpeed with the ops it would JIT-compile on first use switched off.
+
+    `deepspeed.initialize` builds a shared-memory comm op (~110 s compile on this CPU) that
+    training over gloo does not need; marking it incompatible skips the build (STACK.md)."""
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+def loaded_ops() -> dict[str, str]:
+    """Every DeepSpeed op loaded in this process -> "prebuilt" or "jit" (compiled at run time).
+    OpBuilder keeps one class-level registry of loaded ops, whichever builder loaded them."""
+    from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    return {name: "prebuilt" if installed_ops.get(name) else "jit" for name in OpBuilder._loaded_ops}
+
+
+class DeepSpeedStrategy(Strategy):
+    """The DeepSpeed engine; the pipeline and MoE variants below differ in the module they build."""
+
+    engine = None
+
+    def __new__(cls, run, dims, *args, **kwargs):
+        # One module executes every strategy on this engine: pick the variant the config needs.
+        if cls is DeepSpeedStrategy:
+            cls = DeepSpeedPipeline if dims.pp > 1 else DeepSpeedMoE if run.model.n_experts else cls
+        return super().__new__(cls)
+
+    # -- building ----------------------------------------------------------------------------
+    def setup(self, model: torch.nn.Module) -> None:
+        deepspeed = import_deepspeed()
+        deepspeed.init_distributed(dist_backend=dist.get_backend())  # wraps the worker's process group
+        from harness.validate import num_microbatches
+
+        self.num_microbatches = num_microbatches(self.run, self.dims)
+        self.config = ds_config.build(self.run, self.dims.dp, self.num_microbatches)
+        if self.run_dir is not None:
+            ds_config.write(self.config, self.run_dir)
+        model = self.build_module(model.to(self.device))
+        self.client_optimizer = self.make_client_optimizer(self.optimizer_groups(model))
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.client_optimizer,
+                                                    config=self.config, **self.initialize_kwargs())
+        self.model = self.engine  # forward_loss calls self.model(inputs); aux losses via .module
+        self.optimizer = self.engine.optimizer
+        self._captured: dict[str, list[torch.Tensor]] | None = None
+        self._host_bytes: dict[str, int] = {}
+        self._grad_buffers_bytes = 0
+        self._capture = True
+        self.client_optimizer.register_step_post_hook(self._capture_states)
+
+    def build_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module DeepSpeed wraps (pipeline and MoE subclasses rebuild it)."""
+        return model
+
+    def initialize_kwargs(self) -> dict:
+        return {}
+
+    def optimizer_groups(self, model: torch.nn.Module):
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "name": "dense"}]
+
+    def make_client_optimizer(self, groups) -> torch.optim.Optimizer:
+        w, ds = self.run.workload, self.run.strategy.ds
+        if ds.cpu_adam:  # needs the cpu_adam op; validate refuses this unless it was prebuilt
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, lr=w.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=w.weight_decay,
+                                    adamw_mode=True)
+        # foreach=False: under ZeRO-3 DeepSpeed swaps param tensors in and out of the groups
+        return torch.optim.AdamW(groups, lr=w.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=w.weight_decay,
+                                 foreach=False)
+
+    # -- one optimizer step -----------------------------------------------------------------
+    def autocast(self):
+        return contextlib.nullcontext()  # DeepSpeed's bf16/fp16 sections cast the module itself
+
+    def train_step(self, microbatches):
+        total = torch.zeros((), device=self.device)
+        for inputs, targets in microbatches:
+            loss = self.forward_loss(inputs, targets)
+            self.engine.backward(loss)  # scaled by 1/gradient_accumulation_steps inside
+            self.engine.step()  # an optimizer step only at the accumulation boundary (the last one)
+            total += loss.detach().float()
+        assert self.engine.global_steps > 0 and self.engine.micro_steps % self.num_microbatches == 0
+        return total / len(microbatches)  # mean over this rank's micro-batches, as the base returns
+
+    # -- measurement ---------------------------------------------------------------------------
+    def _capture_states(self, optimizer, args, kwargs) -> None:
+        if self._capture:
+            from harness import measure
+
+            self._captured = self.current_states()
+            self._host_bytes = {f"{k}_bytes": measure.tensor_bytes(v)
+                                for k, v in self.current_states(offloaded=True).items()}
+            self._grad_buffers_bytes = measure.tensor_bytes(self.grad_buffers())
+            self._capture = False
+
+    def current_states(self, offloaded: bool = False) -> dict[str, list[torch.Tensor]]:
+        """The model states this rank holds right now, split as DeepSpeed holds them: those on the
+        device (offloaded=False) or those strategy.offload keeps in host memory (offloaded=True)."""
+        opt = self.client_optimizer
+        stepped = [p for g in opt.param_groups for p in g["params"]]
+        module_params = list(self.engine.module.parameters())
+        if self.run.strategy.zero_stage == 3:  # the partition (ds_tensor), plus params it keeps whole
+            params = [p.ds_tensor for p in module_params]
+            params += [p.data for p in module_params if getattr(p, "ds_persist", False)]
+        else:
+            params = module_params
+        module_storages = {p.untyped_storage().data_ptr() for p in module_params}
+        # the optimizer steps the module's own params (fp32, stage 0) or a separate fp32 master copy
+        master = [p for p in stepped if p.untyped_storage().data_ptr() not in module_storages]
+        grads = [p.grad for p in stepped if p.grad is not None]
+        state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+        out = {"params": params, "master": master, "grads": grads, "optimizer": state}
+        return {k: v for k, v in out.items() if (k in self.offloaded_keys()) == offloaded}
+
+    def offloaded_keys(self) -> tuple[str, ...]:
+        """States that strategy.offload keeps in host memory instead of on the device."""
+        return {"none": (), "optimizer": ("master", "grads", "optimizer"),
+                "optimizer+params": ("params", "master", "grads", "optimizer")}[self.run.strategy.offload]
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        states, self._captured = self._captured, None  # release the references held since the step
+        return states if states is not None else self.current_states()
+
+    def extra_measurements(self) -> dict:
+        from harness import measure
+
+        out = {"zero_stage": self.run.strategy.zero_stage, "ops_loaded": loaded_ops()}
+        if self.run.strategy.offload != "none":
+            out["offloaded_bytes"] = self._host_bytes  # captured with the device states, at the step
+        out["grad_buffers_bytes"] = self._grad_buffers_bytes  # at the step, beside the captured states
+        if self.run.strategy.ds.wall_clock_breakdown:
+            out["timers_ms"] = self.engine_timers()
+        if self.run.strategy.ds.comms_logger:
+            out["comms"] = self.comms_summary()
+        return {"deepspeed": out}
+
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """Gradient buffers DeepSpeed reduces into, besides the fp32 gradient partition the optimizer
+        steps: the reduce bucket (ipg), the contiguous (bit16) gradient partition that stages 2/3
+        flatten a fresh fp32 copy from at the step."""
+        opt = self.engine.optimizer
+        out = []
+        for name in ("ipg_buffer", "grads_in_partition", "grad_partitions_flat_buffer"):
+            v = getattr(opt, name, None)
+            out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if torch.is_tensor(t)]
+        return out
+
+    def engine_timers(self) -> dict[str, float]:
+        """DeepSpeed's own wall-clock timers (wall_clock_breakdown): mean ms per call of each."""
+        timers = self.engine.timers
+        return {name: t.mean() if hasattr(t, "mean") else t.elapsed(reset=False) * 1e3
+                for name, t in getattr(timers, "timers", {}).items()}
+
+    def comms_summary(self) -> dict:
+        """DeepSpeed's comms logger: per collective and message size, count and mean latency/bandwidth."""
+        import deepspeed.comm as ds_comm
+
+        out = {}
+        for op, sizes in ds_comm.comms_logger.comms_dict.items():
+            for size, (count, lats, algbws, busbws) in sizes.items():
+                out.setdefault(op, {})[str(size)] = {"count": count, "latency_ms_mean": sum(lats) / len(lats),
+                                                     "algbw_Gbps_mean": sum(algbws) / len(algbws),
+                                                     "busbw_Gbps_mean": sum(busbws) / len(busbws)}
+        return json.loads(json.dumps(out))
+
+
+class DeepSpeedMoE(DeepSpeedStrategy):
+    def build_module(self, model):
+        ep_rank = self.dims.coords(dist.get_rank())["ep"]
+        for block in model.blocks.values():
+            block.mlp = DeepSpeedMoEMLP(block.mlp, self.run.model, self.dims.ep, ep_rank).to(self.device)
+        return model
+
+    def optimizer_groups(self, model):
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        return split_params_into_different_moe_groups_for_optimizer(super().optimizer_groups(model))
+
+
+class DeepSpeedMoEMLP(torch.nn.Module):
+    """A block's MLP as a DeepSpeed MoE layer, holding the same weights as the native MoE it replaces."""
+
+    def __init__(self, native, cfg, ep: int, ep_rank: int):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        from models.moe import MIN_CAPACITY
+
+        drop = cfg.capacity_factor > 0  # brigade: 0 = no capacity limit = DeepSpeed's drop_tokens=False
+        self.moe = MoE(hidden_size=cfg.d_model, expert=native.experts["0"], num_experts=cfg.n_experts, ep_size=ep,
+                       k=cfg.top_k, capacity_factor=cfg.capacity_factor if drop else 1.0,
+                       eval_capacity_factor=cfg.capacity_factor if drop else 1.0, min_capacity=MIN_CAPACITY,
+                       noisy_gate_policy=None, drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False)
+        layer = self.moe.deepspeed_moe
+        with torch.no_grad():
+            layer.gate.wg.weight.copy_(native.router.weight)
+            local = layer.experts.deepspeed_experts
+            for i, expert in enumerate(local):  # DeepSpeed's layout: rank r of the ep group holds r*E/ep + i
+                expert.load_state_dict(native.experts[str(ep_rank * len(local) + i)].state_dict())
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, x):
+        y, self.aux_loss, _ = self.moe(x)  # aux: DeepSpeed's l_aux, summed over blocks by GPT.aux_loss
+        return y
+
+
+class DeepSpeedPipeline(DeepSpeedStrategy):
+    def build_module(self, model):
+        from deepspeed.pipe import PipelineModule
+
+        from models.gpt import loss_fn
+
+        layers = [Embedding(model), *model.blocks.values(), Head(model)]
+        full = self.run.workload.activation_checkpointing == "full"
+        return PipelineModule(layers=layers, num_stages=self.dims.pp, loss_fn=loss_fn, partition_method="type:Block",
+                              activation_checkpoint_interval=1 if full else 0)
+
+    def train_step(self, microbatches):
+        # DeepSpeed's pipeline engine pulls gradient_accumulation_steps micro-batches from the iterator:
+        # the first stage the inputs, the last the targets; it steps the optimizer once at the end.
+        self.engine.train_batch(data_iter=iter(microbatches))
+        if not self.engine.is_last_stage():
+            return None
+        return self.engine.dp_group_loss  # this replica's mean over its micro-batches (before the dp average)
+
+
+class Embedding(torch.nn.Module):
+    """The first pipeline layer: token + position embeddings of the GPT (the same modules, so the same weights)."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.tok_emb, self.pos_emb, self.drop = gpt.tok_emb, gpt.pos_emb, gpt.drop
+
+    def forward(self, tokens):
+        pos = torch.arange(tokens.size(1), device=tokens.device)
+        return self.drop(self.tok_emb(tokens) + self.pos_emb(pos))
+
+
+class Head(torch.nn.Module):
+    """The last pipeline layer: final LayerNorm and the (untied) output projection."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.ln_f, self.head = gpt.ln_f, gpt.head
+
+    def forward(self, x):
+        return self.head(self.ln_f(x))
+
+
+STRATEGY = DeepSpeedStrategy

@@ -1,7 +1,31 @@
-"""The cost model: analytic predictions for a config. Pure Python: it imports no torch."""
+"""The cost model: analytic predictions for a config, under the same names as the measured figures.
+
+Pure Python: it imports no torch, so `python -m harness.predict` and the planner start fast and run
+anywhere. One formula per function, each citing its source:
+
+    params.py       parameter inventory and placement under TP / PP / EP
+    memory.py       model-state bytes per engine (one function per family) and the ZeRO paper's ideal
+    activations.py  activation bytes (Korthikanti et al. 2022; brigade's own constants)
+    flops.py        model / hardware FLOPs (Megatron convention)
+    comm.py         bytes per axis with nccl-tests bus factors, α-β times
+    pipeline.py     bubble (GPipe / 1F1B / interleaved / zero-bubble)
+    estimate.py     time, overlap and the assembled prediction
+
+Per rank means the maximum over ranks; `*_per_rank` lists give every rank (rank order
+pp_rank * dp*tp + dp_rank * tp + tp_rank) where ranks differ.
+"""
 from harness.costmodel.flops import model_flops_per_step  # noqa: F401
 
 
 def predict(run, dims) -> dict:
-    """Predicted figures for one config, under the same names as the measured ones."""
-    return {"model_flops_per_step": model_flops_per_step(run.model, run.workload.global_batch_size)}
+    """Predicted figures for one config (RunConfig, ParallelDims), under the same names as the measured ones."""
+    from harness.costmodel.estimate import Hardware, Model, Strategy, evaluate
+    from harness.validate import num_microbatches
+
+    w = run.workload
+    m = num_microbatches(run, dims)
+    out = evaluate(Model.of(run.model), Hardware.of(run.hardware), Strategy.of(run.strategy), dims.dp, dims.tp,
+                   dims.pp, dims.vpp, dims.ep, w.micro_batch_size, m, w.precision, w.activation_checkpointing,
+                   nodes=run.launcher.nodes, detail=True)
+    out["hardware"] = run.hardware.name
+    return out

@@ -13,12 +13,25 @@ and the head 2 * B*s * h * V. With d_ff = 4h this is exactly Megatron's formula 
 from __future__ import annotations
 
 
-def forward_flops_per_token(model) -> float:
-    h, s, L, V = model.d_model, model.seq_len, model.n_layers, model.vocab_size
+def layer_forward_flops_per_token(model) -> float:
+    """One block, forward, per token: projections + attention (QK^T, AV) + MLP (+ router)."""
+    h, s = model.d_model, model.seq_len
     active = model.top_k if model.n_experts else 1
     router = 2 * h * model.n_experts if model.n_experts else 0
-    per_layer = 8 * h * h + 4 * s * h + 4 * h * model.d_ff * active + router
-    return L * per_layer + 2 * h * V
+    return 8 * h * h + 4 * s * h + 4 * h * model.d_ff * active + router
+
+
+def attention_core_flops_per_token(model) -> float:
+    """QK^T and AV, forward, per token (what selective recompute runs again)."""
+    return 4 * model.seq_len * model.d_model
+
+
+def head_forward_flops_per_token(model) -> float:
+    return 2 * model.d_model * model.vocab_size
+
+
+def forward_flops_per_token(model) -> float:
+    return model.n_layers * layer_forward_flops_per_token(model) + head_forward_flops_per_token(model)
 
 
 def model_flops_per_step(model, global_batch_size: int) -> float:

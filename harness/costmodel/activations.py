@@ -1,0 +1,115 @@
+"""Activation memory: what autograd keeps between forward and backward, per rank.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", eqs. 1-5):
+bytes per transformer layer and micro-batch, 2-byte activations, dropout masks (1 byte), attention
+scores materialised:
+    no parallelism               s*b*h*(34 + 5*a*s/h)
+    tensor parallel t            s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    tensor + sequence parallel   s*b*h*(34 + 5*a*s/h) / t
+    selective recompute          drops the 5*a*s/h term;  full recompute keeps 2*s*b*h
+That is brigade's model with model.dropout > 0 and model.attention = eager, used as is in that case.
+
+brigade's default (SDPA, dropout 0, torch autocast) keeps less. Derived tensor by tensor from
+models/gpt.py (E = b*s*h elements, F = b*s*d_ff, r = 4-byte residual/LayerNorm dtype, e = matmul
+output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
+    ln1 input (residual)               r*E        ln1 mean, rstd      8*b*s
+    q,k,v input (ln1 output)           r*E in fp32; 3 separate 2-byte casts under autocast (6E)
+    q, k, v (saved by SDPA)            3*e*E/t    SDPA output         e*E/t  (= o's input, a view)
+    SDPA logsumexp (fp32)              4*b*a*s/t  (no (s, s) score matrix is stored)
+    ln2 input, stats                   r*E, 8*b*s
+    fc1 input (ln2 output)             r*E in fp32, 2E under autocast
+    GELU input, fc2 input              2*e*F/t
+  fp32, d_ff = 4h: 64*E bytes per layer (16 elements per b*s*h, Korthikanti's 32 at 2 bytes
+  without the two dropout masks); bf16-mixed: 40*E. Replicated terms (LN inputs/outputs) divide by t
+  only under sequence parallel, and even then the all-gathered fc1/q/k/v inputs stay whole (DTensor
+  saves the gathered input; Megatron re-gathers it in backward, brigade does not).
+  Eager attention adds the softmax output a*s^2*b (fp32 under autocast, plus the 2-byte cast the
+  AV matmul saves) and o's input copy; dropout > 0 adds masks (1 byte) and dropout outputs.
+  Selective recompute (checkpointed attention core) drops the core's internals (scores, logsumexp);
+  full recompute keeps each block's input (r*E, /t under SP) plus one block's activations while
+  it is recomputed.
+Last stage: ln_f input r*E, head input, and the loss's log_softmax output 4*b*s*V/t (fp32).
+
+Micro-batches in flight per pipeline rank (what multiplies one micro-batch's activations):
+    no pipeline: 1 (gradient accumulation frees each micro-batch in its backward)
+    GPipe, looped BFS: m;  1F1B: min(m, p - r);  interleaved (Narayanan et al. 2021 warm-up):
+    (2(p-r-1) + (v-1)p + 1)/v rank-layers, Korthikanti's p*(1 + (p-1)/(p*v)) on the first rank;
+    ZB-V (Qi et al. 2024): p, as 1F1B's first stage; DualPipeV: p + 1.
+"""
+from __future__ import annotations
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                            recompute: str = "none") -> float:
+    """Korthikanti et al. 2022, eqs. 1-5: bytes per layer per micro-batch (2-byte activations)."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    attn = 0 if recompute == "selective" else 5 * a * s / h
+    if sp:
+        return s * b * h * (34 + attn) / t
+    return s * b * h * (10 + 24 / t + attn / t)
+
+
+def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: bool, precision: str,
+                        attention: str, dropout: float, recompute: str, top_k: int = 1, n_experts: int = 0) -> float:
+    """Bytes one block of models/gpt.py keeps for backward, one micro-batch (see module docstring)."""
+    E, F = b * s * h, b * s * d_ff
+    e = 4 if precision == "fp32" else 2
+    r = 4
+    rep = t if sp else 1  # replicated terms shard only under sequence parallel
+    if recompute == "full":
+        return r * E / rep
+    k = top_k if n_experts else 1
+    ln = 2 * (r * E + 8 * b * s) / rep  # ln1, ln2 inputs + mean/rstd
+    # inputs of the q/k/v and fc1 matmuls: one fp32 tensor each, or one 2-byte cast per matmul
+    mm_in = (r * E + r * E * k) if e == 4 else (3 * e * E + e * E * k)
+    qkv_out = 3 * e * E / t
+    core_out = e * E / t
+    core = 0.0
+    if recompute != "selective":
+        if attention == "sdpa":
+            core = 4 * b * a * s / t  # logsumexp
+        else:
+            scores = b * a * s * s / t
+            core = 4 * scores + (0 if e == 4 else e * scores)  # softmax out (fp32) + AV matmul's cast
+            if dropout > 0:
+                core += scores * (1 + e)  # mask + dropout output
+    if attention == "eager":
+        core_out += e * E / t  # transpose + reshape copies the AV output: o saves the copy
+    mlp = 2 * e * F * k / t  # GELU input, fc2 input
+    router = (4 * b * s * n_experts + 8 * b * s * k) if n_experts else 0  # router logits + routing indices
+    masks = 2 * E / rep if dropout > 0 else 0  # after o and after fc2
+    return ln + mm_in + qkv_out + core_out + core + mlp + router + masks
+
+
+def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str) -> float:
+    """Per-layer activation bytes for the model that runs: Korthikanti's constants where they apply
+    (dropout > 0 with eager attention), brigade's derived ones otherwise."""
+    if m.dropout > 0 and m.attention == "eager" and not m.n_experts:
+        return korthikanti_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, t, sp, recompute)
+    return brigade_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, m.d_ff, t, sp, precision, m.attention,
+                               m.dropout, recompute, m.top_k, m.n_experts)
+
+
+def head_bytes(s: int, b: int, h: int, V: int, t: int, head_sharded: bool) -> float:
+    """Last stage: ln_f input and output (fp32) + the loss's log_softmax output (fp32) over V/t."""
+    return 2 * 4 * b * s * h + 4 * b * s * V / (t if head_sharded else 1)
+
+
+def in_flight(schedule: str, pp: int, vpp: int, m: int, pp_rank: int) -> float:
+    """Micro-batches whose activations pipeline rank `pp_rank` holds at its peak, in units of one
+    micro-batch through all the layers that rank holds."""
+    if pp == 1 and vpp == 1:
+        return 1.0
+    if schedule in ("gpipe", "looped_bfs"):
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(m, pp - pp_rank))
+    if schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        chunks = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + 1
+        return min(chunks, m * vpp) / vpp
+    if schedule == "zbv_zero_bubble":
+        return float(min(m, pp))
+    if schedule == "dualpipev":
+        return float(min(m, pp + 1))
+    return float(m)

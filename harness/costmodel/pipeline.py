@@ -1,0 +1,37 @@
+"""Pipeline bubble: idle time of a rank per optimizer step, in units of one virtual stage's
+forward + backward of one micro-batch (t_c = t_F + t_B + t_W, with t_F : t_B : t_W = 1 : 1 : 1,
+i.e. backward twice the forward, split evenly into input- and weight-gradient halves).
+
+    GPipe, 1F1B (Huang et al. 2019; Narayanan et al. 2019)     idle = (p-1) t_c, v = 1
+    interleaved 1F1B, looped BFS (Narayanan et al. 2021)       idle = (p-1) t_c with v chunks per rank
+    => bubble_pct = 100 * (p-1) / (v*m + p - 1)                (4 stages, 8 micro-batches: 27.27 %)
+    ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism") idle = (p-1)(t_F + t_B - t_W) = (p-1) t_c/3
+        -> interleaved_zero_bubble
+    ZB-H2 / ZB-V (Qi et al. 2023, 2024)                        idle = (p-1)(t_F + t_B - 2 t_W) = 0 once
+        m >= 2p fills the schedule; with fewer micro-batches ZB-H1's figure -> zbv_zero_bubble
+    DualPipeV (DeepSeek-V3 report, Table 2) (p/2-1)(t_F&B + t_B - 3 t_W) = 0 with these ratios and
+        m >= p; ZB-H1's figure below that -> dualpipev
+"""
+from __future__ import annotations
+
+
+def bubble_units(schedule: str, pp: int, vpp: int, m: int) -> float:
+    """Idle time per step in units of one virtual stage's t_F + t_B + t_W."""
+    if pp <= 1:
+        return 0.0
+    if schedule in ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs"):
+        return float(pp - 1)
+    if schedule == "interleaved_zero_bubble":
+        return (pp - 1) / 3
+    if schedule == "zbv_zero_bubble":
+        return 0.0 if m >= 2 * pp else (pp - 1) / 3
+    if schedule == "dualpipev":
+        return 0.0 if m >= pp else (pp - 1) / 3
+    return float(pp - 1)
+
+
+def bubble_pct(schedule: str, pp: int, vpp: int, m: int) -> float:
+    """100 * idle / (busy + idle) on one rank: busy = v*m units, idle = bubble_units."""
+    idle = bubble_units(schedule, pp, vpp, m)
+    v = vpp if pp > 1 else 1
+    return 100.0 * idle / (v * m + idle) if idle else 0.0

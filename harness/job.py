@@ -28,7 +28,8 @@ from harness import record as rec
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
 
-console = Console(stderr=True)
+# Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1024**3
 

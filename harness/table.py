@@ -18,35 +18,35 @@ def human_bytes(n) -> str:
     return str(n)
 
 
-def _pair(measured, predicted, fmt) -> str:
-    m = fmt(measured) if measured is not None else "-"
-    if predicted is None:
-        return m
-    return f"{m} / {fmt(predicted)}"
-
-
 def degrees(dims: dict) -> str:
     return " ".join(f"{k}{v}" for k, v in dims.items() if k != "world_size" and v > 1) or "1"
 
 
+def strategy_label(r: dict) -> str:
+    engine = (r.get("config") or {}).get("strategy", {}).get("engine", "torch")
+    name = r.get("strategy") or "?"
+    return f"{name} (ds)" if engine == "deepspeed" else str(name)
+
+
 def results_table(records: list[dict], title: str) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col, just in (("strategy", "left"), ("engine", "left"), ("degrees", "left"), ("world", "right"),
-                      ("step s meas / pred", "right"), ("tokens/s", "right"), ("MFU %", "right"),
-                      ("model states/rank meas / pred", "right"), ("status", "left")):
-        t.add_column(col, justify=just)
+    for col in ("strategy", "degrees", "step s", "pred s", "tokens/s", "MFU %", "states/rank", "pred", "status"):
+        t.add_column(col, justify="left" if col in ("strategy", "degrees", "status") else "right",
+                     no_wrap=col != "status")
     for r in records:
         m, p = r.get("measured") or {}, r.get("predicted") or {}
         status = r["status"]
-        note = "" if status == "ok" else f" {escape((r.get('error') or '')[:70])}"
-        t.add_row(r.get("strategy") or "?", (r.get("config") or {}).get("strategy", {}).get("engine", "?"),
-                  degrees(r.get("dims") or {}), str((r.get("dims") or {}).get("world_size", "-")),
-                  _pair(m.get("step_time_s"), p.get("step_time_s"), lambda x: f"{x:.3f}"),
-                  f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "-",
-                  f"{m['mfu_pct']:.1f}" if m.get("mfu_pct") is not None else "-",
-                  _pair(m.get("model_states_bytes"), p.get("model_states_bytes"), human_bytes),
+        note = "" if status == "ok" else f" {escape((r.get('error') or '')[:90])}"
+        t.add_row(strategy_label(r), degrees(r.get("dims") or {}),
+                  _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
+                  _fmt(m.get("tokens_per_s"), "{:.0f}"), _fmt(m.get("mfu_pct"), "{:.1f}"),
+                  human_bytes(m.get("model_states_bytes")), human_bytes(p.get("model_states_bytes")),
                   f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]{note}")
     return t
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else spec.format(x)
 
 
 def print_table(records: list[dict], title: str, console: Console | None = None) -> None:

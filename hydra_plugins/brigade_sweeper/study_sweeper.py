@@ -86,7 +86,10 @@ class StudySweeper(Sweeper):
         return out
 
     def sweep(self, arguments: list[str]) -> Any:
-        from harness.sweep import composition_failure, launcher_failure, finish_study
+        from rich.markup import escape
+
+        from harness.job import console
+        from harness.sweep import composition_failure, finish_study, launcher_failure
 
         jobs = self.jobs(arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)
@@ -109,6 +112,8 @@ class StudySweeper(Sweeper):
         for start in range(0, len(runnable), size):
             idx = runnable[start:start + size]
             os.environ["BRIGADE_SWEEP_DONE"] = str(sum(r is not None for r in records))
+            for i in idx:
+                console.print(f"[bold][{i + 1}/{len(jobs)}][/] {escape(' '.join(jobs[i]))}")
             results = self.launcher.launch([jobs[i] for i in idx], initial_job_idx=idx[0])
             returns.append(results)
             for i, r in zip(idx, results):

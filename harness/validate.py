@@ -98,19 +98,18 @@ def validate(run: RunConfig) -> ParallelDims:
     if "pp" in s.axes and dims.pp > 1:
         _validate_pipeline(run, dims, nmb)
     if s.engine == "deepspeed":
-        if s.zero_stage >= 2 and dims.pp > 1:
-            raise ConfigError(f"DeepSpeed refuses ZeRO stage {s.zero_stage} with pipeline parallelism "
-                              f"(pp={dims.pp}); use zero_stage 0 or 1")
-        if s.zero_stage == 3 and m.n_experts:
-            raise ConfigError("DeepSpeed refuses ZeRO stage 3 with MoE layers; use zero_stage 0, 1 or 2")
+        _validate_deepspeed(run, dims)
     if s.offload not in ("none", "optimizer", "optimizer+params"):
         raise ConfigError(f"unknown offload '{s.offload}'; available: none, optimizer, optimizer+params")
     if s.offload != "none":
         if s.engine != "deepspeed":
-            raise ConfigError(f"offload {s.offload} needs strategy.engine=deepspeed (got {s.engine})")
+            raise ConfigError(f"offload {s.offload} is DeepSpeed's ZeRO-Offload: it needs strategy.engine=deepspeed "
+                              f"(got {s.engine})")
         need = 3 if s.offload == "optimizer+params" else 1
         if s.zero_stage < need:
-            raise ConfigError(f"offload {s.offload} needs ZeRO stage >= {need} (got {s.zero_stage})")
+            why = ("only stage 3 partitions the parameters, so only it can keep them in host memory"
+                   if need == 3 else "stage 0 has no ZeRO optimizer whose partition could live in host memory")
+            raise ConfigError(f"offload {s.offload} needs ZeRO stage >= {need} (got {s.zero_stage}): {why}")
     return dims
 
 
@@ -129,3 +128,41 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
     stages = dims.pp * dims.vpp
     if s.schedule == "dualpipev" and nmb < stages:
         raise ConfigError(f"dualpipev needs num_microbatches >= stages: {nmb} < pp*vpp {stages}")
+
+
+def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
+    """What DeepSpeed 0.19 (or brigade's use of it) refuses, said before launch instead of mid-init."""
+    s, m = run.strategy, run.model
+    if not 0 <= s.zero_stage <= 3:
+        raise ConfigError(f"zero_stage must be 0-3, got {s.zero_stage}")
+    if s.zero_stage >= 2 and dims.pp > 1:
+        raise ConfigError(f"DeepSpeed refuses ZeRO stage {s.zero_stage} with pipeline parallelism (pp={dims.pp}): "
+                          f"its PipelineEngine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                          f"parallelism' (stages 2/3 partition gradients during each backward, the pipeline "
+                          f"schedule runs many backwards per step); use zero_stage 0 or 1")
+    if s.zero_stage == 3 and m.n_experts:
+        raise ConfigError(f"DeepSpeed refuses ZeRO stage 3 with MoE layers (model {m.name}: n_experts "
+                          f"{m.n_experts}): its engine raises 'MoE not supported with Stage 3' (stage 3 has no "
+                          f"separate expert-data-parallel partitioning); use zero_stage 0, 1 or 2")
+    if dims.tp > 1:
+        raise ConfigError(f"the DeepSpeed engine has no tensor parallelism here (tp={dims.tp}); "
+                          f"use strategy.engine=torch for tp")
+    if dims.pp > 1:
+        if dims.vpp != 1:
+            raise ConfigError(f"DeepSpeed's pipeline runs one stage per rank: vpp must be 1 (got {dims.vpp})")
+        if s.schedule != "1f1b":
+            raise ConfigError(f"DeepSpeed's pipeline runs its own 1F1B schedule (TrainSchedule); "
+                              f"strategy.schedule={s.schedule} needs strategy.engine=torch")
+        if m.n_experts:
+            raise ConfigError(f"brigade's DeepSpeed pipeline builds dense blocks only; model {m.name} has "
+                              f"{m.n_experts} experts: use strategy=ep or the torch engine")
+    if s.ds.cpu_adam:
+        if s.offload == "none":
+            raise ConfigError("strategy.ds.cpu_adam=true steps the optimizer on the host: it needs "
+                              "strategy.offload=optimizer or optimizer+params")
+        from harness.ds_config import prebuilt_ops
+
+        if not prebuilt_ops().get("cpu_adam"):
+            raise ConfigError("strategy.ds.cpu_adam=true but this DeepSpeed install has no prebuilt cpu_adam op: "
+                              "it would JIT-compile DeepSpeedCPUAdam (~280 s on a 2-core CPU); install DeepSpeed "
+                              "with DS_BUILD_CPU_ADAM=1, or keep cpu_adam=false (a client torch AdamW on the host)")

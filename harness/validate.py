@@ -142,8 +142,8 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
                           f"schedule runs many backwards per step); use zero_stage 0 or 1")
     if s.zero_stage == 3 and m.n_experts:
         raise ConfigError(f"DeepSpeed refuses ZeRO stage 3 with MoE layers (model {m.name}: n_experts "
-                          f"{m.n_experts}): its engine raises 'MoE not supported with Stage 3' (stage 3 has no "
-                          f"separate expert-data-parallel partitioning); use zero_stage 0, 1 or 2")
+                          f"{m.n_experts}): its engine raises 'MoE not supported with Stage 3' for "
+                          f"deepspeed.moe layers; use zero_stage 0, 1 or 2")
     if dims.tp > 1:
         raise ConfigError(f"the DeepSpeed engine has no tensor parallelism here (tp={dims.tp}); "
                           f"use strategy.engine=torch for tp")

@@ -10,7 +10,8 @@ from harness import measure
 from harness.costmodel.flops import model_flops_per_step
 
 PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
-MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "peak_mem_bytes")
+# master_bytes: a separate fp32 master copy (DeepSpeed's ZeRO optimizers hold one even in fp32); 0 elsewhere
+MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes")
 
 
 def aggregate(run, dims, measurement: dict) -> dict:

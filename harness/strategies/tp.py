@@ -1,0 +1,70 @@
+"""tp: Megatron-style tensor parallel with DTensor `parallelize_module` on the mesh's "tp" axis.
+
+The plan (which module is split how, and the math of the split) is data beside the model in
+models/tp_plan.py; this module only applies it. Every rank of a tp group sees the same micro-batch.
+Communication per block and micro-batch, activations A = B*T*h elements:
+    without SP: 2 all-reduces of A forward (after Wo, after W2), 2 backward (before Wq/k/v, W1)
+    with SP   : each all-reduce becomes a reduce-scatter + an all-gather of A (same bytes), and the
+                norms and residual stream hold T/t tokens.
+Loss parallel (`strategy.loss_parallel`): the head's logits stay sharded on the vocabulary and the
+cross-entropy is reduced across ranks (a max and a sum-exp all-reduce of (B, T) scalars), instead
+of all-gathering (B, T, V) logits; its loss is a replicated DTensor, turned into a plain tensor here.
+
+Optimizer: AdamW with foreach=False, because replicated parameters that the plan leaves plain
+(pos_emb, LayerNorms without SP) and DTensor shards cannot be mixed in one foreach kernel (STACK.md).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from harness.strategies.base import Strategy
+from models.tp_plan import parallel_styles
+
+
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Module:
+    """Shard `model` (already on its device) over the 1-D `tp_mesh` following models/tp_plan.py.
+    A no-op at tp=1, so 3D compositions call it unconditionally. Apply before activation
+    checkpointing wrappers and before FSDP/DDP on the dp axis."""
+    if tp_mesh.size() == 1:
+        return model
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    names = [name for name, _ in model.named_modules() if name]
+    plan = parallel_styles(names, run.strategy.sequence_parallel, run.strategy.loss_parallel)
+    return parallelize_module(model, tp_mesh, plan)
+
+
+def loss_parallel_context(run, tp_mesh):
+    """The context in which the forward's cross-entropy and the backward must run when the logits
+    are vocabulary-sharded DTensors (loss parallel); a null context otherwise."""
+    if tp_mesh.size() > 1 and run.strategy.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def plain_loss(loss: torch.Tensor) -> torch.Tensor:
+    """Loss parallel returns a replicated DTensor; the loop and the accumulation want a plain tensor
+    (differentiable: backward flows back into the DTensor graph)."""
+    return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+
+
+class TensorParallel(Strategy):
+    def setup(self, model):
+        self.tp_mesh = self.mesh["tp"]
+        self.model = apply_tensor_parallel(model.to(self.device), self.tp_mesh, self.run)
+        self.optimizer = self.make_optimizer(self.model.parameters(), foreach=False)
+
+    def forward_loss(self, inputs, targets):
+        with loss_parallel_context(self.run, self.tp_mesh):
+            return plain_loss(super().forward_loss(inputs, targets))
+
+    def backward(self, loss):
+        with loss_parallel_context(self.run, self.tp_mesh):  # the vocab-parallel cross-entropy's backward
+            super().backward(loss)
+
+
+STRATEGY = TensorParallel

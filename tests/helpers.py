@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.config import register_configs
@@ -48,3 +49,20 @@ def assert_losses_match(losses, reference, rtol=1e-5):
     assert len(losses) == len(reference) >= 5, (losses, reference)
     for i, (a, b) in enumerate(zip(losses, reference)):
         assert abs(a - b) <= rtol * abs(b), f"step {i}: {a} vs reference {b} (rtol {rtol})\n{losses}\n{reference}"
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def device_overrides(device: str) -> list[str]:
+    """Overrides that run a test body on `device`: "cpu" (gloo, the default hardware) or "cuda"
+    (NCCL, one GPU per rank)."""
+    return [] if device == "cpu" else ["hardware=h100_sxm"]
+
+
+# Parametrise a multi-process test body over devices: `@pytest.mark.parametrize("device", DEVICES)`.
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    _gpu_count() < 2, reason="needs 2 CUDA GPUs (world 2, one GPU per rank); this machine has fewer")])]

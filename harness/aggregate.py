@@ -41,7 +41,16 @@ def aggregate(run, dims, measurement: dict) -> dict:
     for r in ranks:  # figures hooks add per rank (profiles, timelines) are merged by name
         for k, v in r.get("measured", {}).items():
             out.setdefault(k, v)
+    out.update(_comm(ranks))
     return out
+
+
+def _comm(ranks: list[dict]) -> dict:
+    """The profiled window's communication figures (harness/profiling.py), merged across ranks:
+    shares mean over ranks, bytes max over ranks (trace_analysis.merge_ranks), A/B max per step."""
+    from harness.profiling import merge
+
+    return merge(ranks)
 
 
 def environment(ranks: list[dict]) -> dict:

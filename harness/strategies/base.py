@@ -97,6 +97,17 @@ class Strategy:
         timed steps; merged into this rank's result under "measured" (see harness/aggregate.py)."""
         return {}
 
+    def sync_disabled(self):
+        """A context under which train_step skips gradient synchronisation, or None where the strategy
+        has no such switch. Used only by the A/B measurement of exposed communication, after the timed
+        steps (harness/profiling.py). Default: DDP's no_sync, FSDP2's set_requires_gradient_sync."""
+        m = self.model
+        if isinstance(m, torch.nn.parallel.DistributedDataParallel):
+            return m.no_sync()
+        if callable(getattr(m, "set_requires_gradient_sync", None)):  # FSDP2 (fully_shard) root
+            return _fsdp_no_sync(m)
+        return None
+
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """Local tensors of the model states, for exact per-rank byte counts (DTensors are
         unwrapped by the caller). Override when an engine keeps them elsewhere (DeepSpeed)."""
@@ -104,6 +115,15 @@ class Strategy:
         grads = [p.grad for p in params if p.grad is not None]
         opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
         return {"params": params, "grads": grads, "optimizer": opt}
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module):
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
 
 
 STRATEGY = Strategy

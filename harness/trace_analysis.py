@@ -1,0 +1,340 @@
+"""Communication share from one rank's profiler trace: total, overlapped and exposed, by axis.
+
+Pure Python (no torch): it reads the Chrome trace that harness/profiling.py saved, so stored traces
+can be analysed anywhere (tests/fixtures/traces/).
+
+What counts as what, per rank, inside the profiled steps (the `brigade/step` annotations):
+
+    steps    S = union of the step annotations (main thread)
+    comm     C = union of collective intervals, clipped to S
+                 CPU/gloo: `gloo:*` events; collectives run on the process group's worker threads,
+                 send/recv show on the main thread as the blocking wait for the transfer
+                 CUDA/NCCL: the NCCL kernels on their stream
+    compute  K = union of compute intervals, clipped to S
+                 CPU: main-thread operators (cpu_op) that are not communication or a wait on it
+                 CUDA: every non-NCCL kernel
+    overlapped = |C ∩ K|,  exposed = |C \\ K| = |C| - |C ∩ K|
+    comm_share_pct = 100 |C| / |S|,   comm_exposed_pct = 100 |C \\ K| / |S|
+
+A union, not a sum, so two collectives in flight at once (two buckets, two axes) count once; per
+axis and per collective the same union is taken over that axis' (collective's) events alone, so the
+breakdown can add up to more than the total when axes overlap each other.
+
+Attributing a gloo event to an axis: gloo events carry no process group, so each is matched with the
+c10d flight-recorder entry that enqueued it (same collective, same element count, created before the
+event started, earliest first: a process group runs its queue in order). The entry names the
+process group; profiling.py recorded which mesh axis each group is. Point-to-point ops are not in
+gloo's flight recorder: they are the pipeline's (pp) when pp > 1. An event that cannot be matched
+takes the axis of other events on the same worker thread (each process group has its own threads),
+else "unknown": never dropped.
+
+Caveats, with figures in results/README.md: on 2 CPU cores the gloo threads compete with compute, so
+"overlapped" time is not free (the A/B figure `comm_exposed_ab_pct` is the honest exposed cost); a
+collective's interval includes the wait for the slowest peer to arrive; a pipeline recv's wait
+includes the time the previous stage spends computing (part of the bubble).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+STEP_EVENT = "brigade/step"
+AXES = ("dp", "tp", "pp", "ep")
+P2P = ("send", "recv")
+# Main-thread operators that are communication or a wait for it, never compute.
+_NOT_COMPUTE = re.compile(r"^(c10d::|gloo:|nccl:|_c10d_functional::|c10d_functional::|record_param_comms)|wait",
+                          re.IGNORECASE)
+_NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)
+_NCCL_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+               "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "alltoall": "all_to_all"}
+# Element sizes by the dtype names the flight recorder (c10 ScalarType) and the profiler (C++ type) use.
+DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "c10::half": 2, "bfloat16": 2,
+               "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2,
+               "byte": 1, "unsigned char": 1, "char": 1, "signed char": 1, "bool": 1, "float8_e4m3fn": 1,
+               "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
+
+
+# -- intervals ----------------------------------------------------------------------------------
+def union(ivs) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(ivs):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(ivs) -> float:
+    return sum(e - s for s, e in ivs)
+
+
+def intersect(a, b) -> list[tuple[float, float]]:
+    """Intersection of two unions (each sorted and disjoint)."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+# -- names --------------------------------------------------------------------------------------
+def collective_name(event_name: str) -> str:
+    """gloo:all_reduce -> all_reduce; nccl:send 0->1 -> send; ncclDevKernel_AllGather_RING_LL -> all_gather."""
+    if ":" in event_name and not event_name.startswith("ncclDevKernel") and not event_name.startswith("ncclKernel"):
+        return event_name.split(":", 1)[1].split()[0]
+    m = re.match(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", event_name)
+    if m:
+        return _NCCL_NAMES.get(m.group(1).lower(), m.group(1).lower())
+    return event_name
+
+
+def dtype_bytes(name: str) -> int:
+    return DTYPE_BYTES.get(str(name).lower(), 4)
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def bus_bytes(coll: str, in_bytes: float, out_bytes: float, n: int) -> float:
+    """Bytes this rank sends for one collective, nccl-tests convention (busbw factors):
+    all_reduce 2(n-1)/n * S; all_gather (n-1)/n * S_out; reduce_scatter and all_to_all (n-1)/n * S_in;
+    broadcast, reduce and send S; recv 0 (the peer's send counts it)."""
+    if coll == "all_reduce":
+        return 2 * (n - 1) / n * in_bytes
+    if coll == "all_gather":
+        return (n - 1) / n * max(out_bytes, in_bytes * n)
+    if coll in ("reduce_scatter", "all_to_all", "all_to_all_single"):
+        return (n - 1) / n * in_bytes
+    if coll in ("broadcast", "reduce", "send"):
+        return float(in_bytes)
+    return 0.0
+
+
+# -- loading ------------------------------------------------------------------------------------
+def load(path) -> dict:
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt") as f:
+        return json.load(f)
+
+
+# -- the analysis -------------------------------------------------------------------------------
+def analyse(trace: dict) -> dict:
+    """Per-rank communication figures of one trace, per profiled step (see the module docstring)."""
+    meta = trace.get("brigade", {})
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    steps_ev = [e for e in events if e.get("name") == STEP_EVENT and e.get("cat") != "gpu_user_annotation"]
+    if not steps_ev:
+        raise ValueError(f"no '{STEP_EVENT}' events in the trace: not a brigade profiled window")
+    main = (steps_ev[0]["pid"], steps_ev[0]["tid"])
+    steps = union((e["ts"], e["ts"] + e["dur"]) for e in steps_ev)
+    n_steps = len(steps_ev)
+    cuda = any(e.get("cat") == "kernel" for e in events)
+
+    if cuda:
+        comm_ev = [e for e in events if e.get("cat") == "kernel" and _NCCL_KERNEL.search(e["name"])]
+        compute_ev = [e for e in events if e.get("cat") == "kernel" and not _NCCL_KERNEL.search(e["name"])]
+    else:
+        comm_ev = [e for e in events if e["name"].startswith("gloo:")]
+        compute_ev = [e for e in events if (e["pid"], e["tid"]) == main and e.get("cat") == "cpu_op"
+                      and not _NOT_COMPUTE.search(e["name"])]
+    span = lambda evs: union((e["ts"], e["ts"] + e["dur"]) for e in evs)  # noqa: E731
+    compute = intersect(span(compute_ev), steps)
+    comm = intersect(span(comm_ev), steps)
+    overlapped = intersect(comm, compute)
+
+    step_s = length(steps) / n_steps / 1e6  # trace times are microseconds
+    comm_s = length(comm) / n_steps / 1e6
+    overlap_s = length(overlapped) / n_steps / 1e6
+    out = {"profiled_steps": n_steps, "profiled_step_time_s": step_s, "comm_time_s": comm_s,
+           "comm_overlapped_time_s": overlap_s, "comm_exposed_time_s": comm_s - overlap_s,
+           "compute_time_s": length(compute) / n_steps / 1e6,
+           "comm_share_pct": 100 * comm_s / step_s if step_s else 0.0,
+           "comm_exposed_pct": 100 * (comm_s - overlap_s) / step_s if step_s else 0.0,
+           "device": "cuda" if cuda else "cpu"}
+
+    axis_of = attribute(comm_ev, meta, trace.get("baseTimeNanoseconds", 0), cuda)
+    by_axis: dict = defaultdict(dict)
+    groups: dict = defaultdict(list)
+    for e in comm_ev:
+        groups[(axis_of[id(e)], collective_name(e["name"]))].append(e)
+    for (axis, coll), evs in sorted(groups.items()):
+        in_window = [e for e in evs if _inside(e["ts"], steps)]
+        if not in_window:
+            continue  # e.g. the barrier between profiled steps
+        ivs = intersect(span(evs), steps)
+        t = length(ivs) / n_steps / 1e6
+        by_axis[axis][coll] = {"time_s": t, "exposed_s": t - length(intersect(ivs, compute)) / n_steps / 1e6,
+                               "count": len(in_window) / n_steps}
+    axis_totals = {}
+    for axis in by_axis:
+        ivs = intersect(span([e for (a, _), evs in groups.items() if a == axis for e in evs]), steps)
+        axis_totals[axis] = {"time_s": length(ivs) / n_steps / 1e6,
+                             "exposed_s": (length(ivs) - length(intersect(ivs, compute))) / n_steps / 1e6}
+    # Bytes: from the flight recorder's entries of the profiled steps (each names its group and sizes),
+    # plus point-to-point from the trace (gloo's recorder does not log send/recv).
+    for (axis, coll), b in count_bytes(trace, meta, steps, n_steps, cuda).items():
+        slot = by_axis[axis].setdefault(coll, {"time_s": 0.0, "exposed_s": 0.0, "count": 0.0})
+        slot.update(b)
+    out["comm_by_axis"] = {a: dict(v) for a, v in by_axis.items()}
+    out["comm_time_by_axis_s"] = {a: v["time_s"] for a, v in axis_totals.items()}
+    out["comm_exposed_by_axis_s"] = {a: v["exposed_s"] for a, v in axis_totals.items()}
+    out["comm_bytes_by_axis"] = {a: sum(c.get("bytes", 0.0) for c in v.values()) for a, v in by_axis.items()}
+    return out
+
+
+def _pg_axis(meta: dict, pg_name: str, coll: str) -> str:
+    """Axis of a process group: profiling.py lists candidates per group (a group can be both the ep and
+    the dp group when ep == dp); an all-to-all is expert traffic, anything else data-parallel."""
+    axes = meta.get("pg_axes", {}).get(str(pg_name))
+    if not axes:
+        return "unknown"
+    if len(axes) > 1 and "ep" in axes:
+        return "ep" if coll.startswith("all_to_all") else [a for a in axes if a != "ep"][0]
+    return axes[0]
+
+
+def _entry_numel(entry: dict) -> int:
+    return sum(_numel(s) for s in entry.get("input_sizes") or [])
+
+
+def attribute(comm_ev: list[dict], meta: dict, base_ns: float, cuda: bool) -> dict[int, str]:
+    """id(event) -> axis, by matching events with flight-recorder entries (see the module docstring)."""
+    entries = [e for e in meta.get("fr_entries", []) if not e.get("is_p2p")]
+    used = [False] * len(entries)
+    out: dict[int, str] = {}
+    tid_axis: dict = {}
+    p2p_axis = meta.get("p2p_axis", "unknown")
+    for ev in sorted(comm_ev, key=lambda e: e["ts"]):
+        coll = collective_name(ev["name"])
+        if coll in P2P or coll == "send_recv":
+            args = ev.get("args", {})
+            pg = args.get("Process Group Name")
+            out[id(ev)] = _pg_axis(meta, pg, coll) if pg is not None else p2p_axis
+            continue
+        args = ev.get("args", {})
+        if args.get("Process Group Name") is not None:  # NCCL kernels may carry their group directly
+            out[id(ev)] = _pg_axis(meta, args["Process Group Name"], coll)
+            continue
+        start_ns = base_ns + ev["ts"] * 1000
+        dims = args.get("Input Dims")
+        numel = _numel(dims[0]) if dims and isinstance(dims[0], list) and not cuda else None
+        best = None
+        for i, en in enumerate(entries):
+            if used[i] or collective_name(en.get("profiling_name", "")) != coll:
+                continue
+            if en.get("time_created_ns", 0) > start_ns + 2e6:  # created after the event began (2 ms slack)
+                break
+            if numel is not None and _entry_numel(en) != numel:
+                continue
+            best = i
+            break
+        if best is not None:
+            used[best] = True
+            axis = _pg_axis(meta, (entries[best].get("process_group") or ["?"])[0], coll)
+            tid_axis[(ev["pid"], ev["tid"])] = axis
+        else:
+            axis = tid_axis.get((ev["pid"], ev["tid"]), "unknown")
+        out[id(ev)] = axis
+    return out
+
+
+def _inside(ts: float, steps) -> bool:
+    return any(s <= ts < e for s, e in steps)
+
+
+def count_bytes(trace: dict, meta: dict, steps, n_steps: int, cuda: bool) -> dict:
+    """(axis, collective) -> {bytes, msg_bytes, calls} per step. `bytes`: bus bytes this rank sends
+    (bus_bytes); `msg_bytes`: the message size as the caller passed it."""
+    sizes = {str(k): len(v) for k, v in meta.get("pg_ranks", {}).items()}
+    base_ns = trace.get("baseTimeNanoseconds", 0)
+    acc: dict = defaultdict(lambda: {"bytes": 0.0, "msg_bytes": 0.0, "calls": 0})
+    for en in meta.get("fr_entries", []):
+        if not _inside((en.get("time_created_ns", 0) - base_ns) / 1000, steps):
+            continue  # enqueued outside the profiled steps (the barrier between them)
+        coll = collective_name(en.get("profiling_name", ""))
+        pg = (en.get("process_group") or ["?"])[0]
+        el = dtype_bytes((en.get("input_dtypes") or ["float"])[0])
+        in_b = _entry_numel(en) * el
+        out_b = sum(_numel(s) for s in en.get("output_sizes") or []) * dtype_bytes(
+            (en.get("output_dtypes") or en.get("input_dtypes") or ["float"])[0])
+        n = sizes.get(str(pg), 1)
+        if n <= 1 and coll not in P2P:
+            continue
+        slot = acc[(_pg_axis(meta, pg, coll), coll)]
+        slot["bytes"] += bus_bytes(coll, in_b, out_b, n)
+        slot["msg_bytes"] += in_b
+        slot["calls"] += 1
+    if not any(en.get("is_p2p") for en in meta.get("fr_entries", [])) and not cuda:
+        # gloo: send/recv from the trace (shapes recorded), inside the profiled steps
+        for e in trace["traceEvents"]:
+            name = str(e.get("name", ""))
+            if e.get("ph") != "X" or name not in ("gloo:send", "gloo:recv"):
+                continue
+            if not _inside(e["ts"], steps):
+                continue
+            args = e.get("args", {})
+            dims = args.get("Input Dims") or [[]]
+            b = sum(_numel(d) for d in dims if isinstance(d, list)) * dtype_bytes((args.get("Input type") or ["float"])[0])
+            coll = collective_name(name)
+            slot = acc[(meta.get("p2p_axis", "unknown"), coll)]
+            slot["bytes"] += bus_bytes(coll, b, b, 2)
+            slot["msg_bytes"] += b
+            slot["calls"] += 1
+    return {k: {"bytes": v["bytes"] / n_steps, "msg_bytes": v["msg_bytes"] / n_steps, "calls": v["calls"] / n_steps}
+            for k, v in acc.items()}
+
+
+# -- across ranks (parent side) -----------------------------------------------------------------
+def merge_ranks(per_rank: list[dict]) -> dict:
+    """Per-rank figures -> the record's measured keys. Shares and times: mean over ranks (the typical
+    rank; every rank's own figure is kept in *_per_rank). Bytes: max over ranks (the busiest rank,
+    what bounds the step), per-rank lists beside."""
+    per_rank = [r for r in per_rank if r]
+    if not per_rank:
+        return {}
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    out: dict = {}
+    for k in ("comm_share_pct", "comm_exposed_pct", "comm_time_s", "comm_exposed_time_s", "comm_overlapped_time_s",
+              "profiled_step_time_s", "compute_time_s"):
+        vals = [r[k] for r in per_rank]
+        out[k] = mean(vals)
+        if k.endswith("_pct"):
+            out[f"{k}_per_rank"] = vals
+    axes = sorted({a for r in per_rank for a in r["comm_by_axis"]})
+    by_axis: dict = {}
+    for a in axes:
+        colls = sorted({c for r in per_rank for c in r["comm_by_axis"].get(a, {})})
+        by_axis[a] = {}
+        for c in colls:
+            rows = [r["comm_by_axis"].get(a, {}).get(c, {}) for r in per_rank]
+            by_axis[a][c] = {"time_s": mean([x.get("time_s", 0.0) for x in rows]),
+                             "exposed_s": mean([x.get("exposed_s", 0.0) for x in rows]),
+                             "count": max(x.get("count", 0.0) for x in rows),
+                             "bytes": max(x.get("bytes", 0.0) for x in rows),
+                             "msg_bytes": max(x.get("msg_bytes", 0.0) for x in rows)}
+    out["comm_by_axis"] = by_axis
+    out["comm_share_by_axis_pct"] = {a: mean([100 * r.get("comm_time_by_axis_s", {}).get(a, 0.0)
+                                              / r["profiled_step_time_s"] for r in per_rank]) for a in axes}
+    out["comm_exposed_by_axis_pct"] = {a: mean([100 * r.get("comm_exposed_by_axis_s", {}).get(a, 0.0)
+                                                / r["profiled_step_time_s"] for r in per_rank]) for a in axes}
+    out["comm_bytes_by_axis"] = {a: max(r["comm_bytes_by_axis"].get(a, 0.0) for r in per_rank) for a in axes}
+    out["comm_bytes_by_axis_per_rank"] = {a: [r["comm_bytes_by_axis"].get(a, 0.0) for r in per_rank] for a in axes}
+    for a in AXES:  # the measured twins of the cost model's comm_<axis>_bytes
+        out[f"comm_{a}_bytes"] = out["comm_bytes_by_axis"].get(a, 0.0)
+    return out

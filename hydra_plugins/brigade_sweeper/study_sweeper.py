@@ -105,6 +105,7 @@ class StudySweeper(Sweeper):
                 records[i] = composition_failure(self.config, job, e)
         runnable = sorted(composed)
 
+        common = set.intersection(*(set(j) for j in jobs)) if len(jobs) > 1 else set()
         basic = "BasicLauncher" in str(self.config.hydra.launcher.get("_target_", ""))
         size = 1 if basic else (self.max_batch_size or len(runnable) or 1)
         os.environ["BRIGADE_SWEEP_TOTAL"] = str(len(jobs))
@@ -112,8 +113,9 @@ class StudySweeper(Sweeper):
         for start in range(0, len(runnable), size):
             idx = runnable[start:start + size]
             os.environ["BRIGADE_SWEEP_DONE"] = str(sum(r is not None for r in records))
-            for i in idx:
-                console.print(f"[bold][{i + 1}/{len(jobs)}][/] {escape(' '.join(jobs[i]))}")
+            for i in idx:  # what sets this job apart from the others
+                own = [o for o in jobs[i] if o not in common] or jobs[i]
+                console.print(f"[bold][{i + 1}/{len(jobs)}][/] {escape(' '.join(own))}")
             results = self.launcher.launch([jobs[i] for i in idx], initial_job_idx=idx[0])
             returns.append(results)
             for i, r in zip(idx, results):

@@ -126,8 +126,36 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
     if need == 2 and dims.vpp != 2:
         raise ConfigError(f"schedule {s.schedule} is V-shaped: vpp must be 2 (got {dims.vpp})")
     stages = dims.pp * dims.vpp
+    w = run.workload
+    m_math = (f"num_microbatches {nmb} = global_batch_size {w.global_batch_size} / (dp {dims.dp} * "
+              f"micro_batch_size {w.micro_batch_size})")
     if s.schedule == "dualpipev" and nmb < stages:
-        raise ConfigError(f"dualpipev needs num_microbatches >= stages: {nmb} < pp*vpp {stages}")
+        raise ConfigError(f"dualpipev needs num_microbatches >= stages: {m_math} < pp {dims.pp} * vpp {dims.vpp} "
+                          f"= {stages} stages")
+    if s.engine == "torch":
+        _validate_torch_pipeline(run, dims, nmb, m_math)
+
+
+def _validate_torch_pipeline(run: RunConfig, dims: ParallelDims, nmb: int, m_math: str) -> None:
+    """What torch 2.13's pipelining schedules raise at construction (checked against schedules.py), and
+    what brigade's pp/3d strategies do not carry across stages."""
+    s = run.strategy
+    if s.schedule == "1f1b" and nmb < dims.pp:
+        # Schedule1F1B: "Number of microbatches must be greater than or equal to the number of stages"
+        raise ConfigError(f"1f1b needs num_microbatches >= stages: {m_math} < pp {dims.pp}")
+    if s.schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        # torch runs rounds = max(1, m // pp) rounds of m / rounds micro-batches each
+        rounds = max(1, nmb // dims.pp)
+        if nmb % rounds:
+            raise ConfigError(f"{s.schedule} needs num_microbatches to be a multiple of its rounds: {m_math}; "
+                              f"rounds = max(1, {nmb} // pp {dims.pp}) = {rounds}, {nmb} % {rounds} = "
+                              f"{nmb % rounds}; use a multiple of pp {dims.pp}")
+    if run.workload.precision == "fp16-mixed":
+        raise ConfigError("fp16-mixed needs one loss scale and one inf/nan check across every pipeline stage, "
+                          "which the torch pipeline strategies do not coordinate: use bf16-mixed or fp32")
+    if run.model.n_experts:
+        raise ConfigError(f"the torch pipeline strategies do not carry the MoE load-balancing loss across "
+                          f"stages (model {run.model.name}: n_experts {run.model.n_experts}): use a dense model")
 
 
 def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:

@@ -1,0 +1,144 @@
+"""pp: pipeline parallel with torch.distributed.pipelining, every schedule torch ships.
+
+The model's layers are cut into S = pp * vpp stages (models/pipeline_split.py: even by layer count,
+embeddings on the first stage, ln_f + head on the last). Rank r of the pp axis holds vpp of them:
+
+    one stage per rank (gpipe, 1f1b)                        stage r
+    looped (interleaved_1f1b, looped_bfs,
+            interleaved_zero_bubble)                        stages r, r + pp, ..., r + (vpp-1) pp
+    V-shaped (zbv_zero_bubble, dualpipev; vpp = 2)          stages r and 2 pp - 1 - r
+
+so in a V schedule the first and the last stage are both on pp rank 0 (that rank owns the loss).
+
+Communication: per micro-batch, each stage boundary sends one activation (B, T, h) forward and its
+gradient back, point to point on the pp group (`mesh["pp"]`); nothing else crosses stages. A
+schedule orders the F / B (/ W: weight-grad half of zero-bubble schedules) actions of the m
+micro-batches; a rank idles while it waits for a neighbour: the bubble, about (pp - 1) / (m + pp - 1)
+of the step for GPipe and 1F1B, less with vpp virtual stages per rank or zero-bubble schedules.
+
+Gradient scaling: one train_step is one `schedule.step()` over all m = num_microbatches micro-batches
+of this rank's share of the global batch. The loss function returns each micro-batch's mean
+cross-entropy divided by m, and the schedule runs with scale_grads=False, so the accumulated
+gradient is d(mean over the rank's micro-batches)/dw whatever the schedule or the number of step()
+calls (torch's scale_grads=True divides by m on every step(), which is only right for one step()
+per optimizer step). Data parallel (3D) then averages over dp replicas: the gradient of the global
+batch mean, as `single` computes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                          ScheduleLoopedBFS, ScheduleZBVZeroBubble)
+
+from harness.strategies.base import Strategy
+from harness.strategies.pipeline_timeline import Timeline
+from models.gpt import loss_fn
+from models.pipeline_split import even_split, stage_module
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B,
+             "looped_bfs": ScheduleLoopedBFS, "interleaved_zero_bubble": ScheduleInterleavedZeroBubble,
+             "zbv_zero_bubble": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+SINGLE_STAGE = ("gpipe", "1f1b")  # PipelineScheduleSingle: one stage object per rank
+V_SHAPED = ("zbv_zero_bubble", "dualpipev")
+
+
+def stage_indices(schedule: str, pp_rank: int, pp: int, vpp: int) -> list[int]:
+    """The stage indices pp rank `pp_rank` holds, in the order its schedule expects them."""
+    if schedule in V_SHAPED:
+        assert vpp == 2, vpp
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + i * pp for i in range(vpp)]
+
+
+def loss_rank(schedule: str, pp: int) -> int:
+    """The pp coordinate of the rank that holds the last stage (and so computes the loss)."""
+    return 0 if schedule in V_SHAPED else pp - 1
+
+
+class PipelineStrategy(Strategy):
+    @property
+    def loss_owner(self) -> bool:
+        c = self.dims.coords(dist.get_rank())
+        return c["tp"] == 0 and c["pp"] == loss_rank(self.run.strategy.schedule, self.dims.pp)
+
+    # -- building ----------------------------------------------------------------------------
+    def parallelize_stage(self, module: torch.nn.Module) -> torch.nn.Module:
+        """What happens to one stage's module before it becomes a PipelineStage (3D: TP, AC, FSDP/DDP)."""
+        return module.to(self.device)
+
+    def step_context(self):
+        """Context around one schedule.step() (3D with loss-parallel TP: torch's loss_parallel)."""
+        return contextlib.nullcontext()
+
+    def setup(self, model):
+        s, d = self.run.strategy, self.dims
+        self.num_microbatches = self.run.workload.global_batch_size // (d.dp * self.run.workload.micro_batch_size)
+        pp_rank = d.coords(dist.get_rank())["pp"]
+        splits = even_split(self.run.model.n_layers, d.num_stages)
+        self.stage_ids = stage_indices(s.schedule, pp_rank, d.pp, d.vpp)
+        modules = [self.parallelize_stage(stage_module(model, splits[i])) for i in self.stage_ids]
+        del model  # the full model is no longer needed: each stage holds a copy of its own part
+        pp_group = self.mesh["pp"].get_group()
+        stages = [PipelineStage(m, i, d.num_stages, self.device, group=pp_group)
+                  for m, i in zip(modules, self.stage_ids)]
+        self.timeline = Timeline(self.device, forward_context=self.autocast)
+        for st in stages:
+            self.timeline.instrument(st)
+        self.has_first = 0 in self.stage_ids
+        self.has_last = d.num_stages - 1 in self.stage_ids
+        cls = SCHEDULES[s.schedule]
+        self.schedule = cls(stages[0] if s.schedule in SINGLE_STAGE else stages, self.num_microbatches,
+                            loss_fn=self._microbatch_loss, scale_grads=False)
+        self.model = torch.nn.ModuleList(modules)  # every parameter this rank holds, for the optimizer
+        self.optimizer = self.make_optimizer(self.model.parameters(), foreach=self.foreach())
+
+    def foreach(self) -> bool | None:
+        return None
+
+    def _microbatch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # / m: the schedule sums gradients over micro-batches (scale_grads=False); see the docstring
+        loss = loss_fn(logits, targets) / self.num_microbatches
+        self.timeline.loss_done()
+        return loss
+
+    # -- one optimizer step -----------------------------------------------------------------
+    def train_step(self, microbatches):
+        self.timeline.begin_step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # The schedule splits the rank's batch into m micro-batches along dim 0 again (same chunks).
+        args = (torch.cat([x for x, _ in microbatches]),) if self.has_first else ()
+        target = torch.cat([y for _, y in microbatches]) if self.has_last else None
+        losses: list | None = [] if self.has_last else None
+        with self.step_context():
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        self.timeline.end_pipeline()
+        self.optimizer_step()
+        self.timeline.end_step()
+        if not self.has_last:
+            return None
+        total = torch.stack([_full(l).detach() for l in losses]).sum()  # mean over the rank's micro-batches
+        return total
+
+    # -- measurement ---------------------------------------------------------------------------
+    def extra_measurements(self) -> dict:
+        w, d = self.run.workload, self.dims
+        rank = dist.get_rank()
+        header = {"schedule": self.run.strategy.schedule, "pp": d.pp, "vpp": d.vpp,
+                  "num_microbatches": self.num_microbatches, "rank": rank, "stages": self.stage_ids}
+        mine = self.timeline.summary(range(w.warmup_steps, w.warmup_steps + w.steps), header, self.run_dir)
+        per_rank: list = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, mine)  # after timing: every rank returns the same figures
+        return {"bubble_pct": statistics.fmean(per_rank), "bubble_pct_per_rank": per_rank}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)  # a loss-parallel loss is a replicated DTensor
+    return full() if callable(full) else t
+
+
+STRATEGY = PipelineStrategy

@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/brigade experiment=demo
+	$(VENV)/bin/brigade experiment=demo $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests -x -q

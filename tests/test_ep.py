@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import assert_losses_match, run
+from tests.helpers import DEVICES, assert_losses_match, device_overrides, run
 from tests.test_moe import moe_tiny_state_bytes
 
 pytestmark = pytest.mark.slow
@@ -14,14 +14,11 @@ TOKENS_PER_STEP = 8 * 64  # workload.global_batch_size * moe_tiny seq_len
 TOP_K, N_EXPERTS, N_LAYERS = 2, 8, 4
 
 
-def on(device: str, world: int):
-    """Overrides for a device; CUDA runs need one GPU per rank."""
+def on(device: str, world: int) -> list[str]:
+    """Overrides for a device; a CUDA run needs one GPU per rank."""
     if device == "cuda" and torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA devices, found {torch.cuda.device_count()}")
-    return ["hardware=h200"] if device == "cuda" else []
-
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+        pytest.skip(f"needs {world} CUDA GPUs (one per rank), found {torch.cuda.device_count()}")
+    return device_overrides(device)
 
 
 def check_expert_load(rec: dict) -> dict:

@@ -12,7 +12,9 @@ from models.gpt import MLP
 from models.moe import MIN_CAPACITY, MoE
 from tests.helpers import run
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+# In-process: one GPU is enough.
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs CUDA")])]
 
 
 def moe_tiny_state_bytes(n_experts_held: int) -> tuple[int, int]:

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.brigade-installed
 # This machine's pip config lists local wheel folders that do not exist; pip warns about each one.
 QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: demo test bench install clean-results
+.PHONY: demo test bench install clean-results chromium
 
 install: $(STAMP)
 
@@ -25,8 +25,15 @@ $(STAMP): requirements.txt pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/brigade experiment=demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest tests -x -q
+
+# Headless Chromium for the report's browser test: Debian's package, driven by Playwright's Python
+# package (never `playwright install`). Quick no-op when it is there; installs it as root (CI) or via sudo.
+chromium:
+	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser test (apt-get)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null; }
 
 bench: $(STAMP)
 	$(PY) -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,max,rounds -q -p no:cacheprovider

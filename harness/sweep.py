@@ -56,3 +56,32 @@ def finish_study(config: DictConfig, records: list[dict]) -> None:
     if logged:
         console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{study}' under "
                       f"{results_dir}/runs/{study}/*/wandb (upload later with `wandb sync <dir>/offline-run-*`)")
+    if config.get("report", True):
+        write_report(config, results_dir, study)
+
+
+def write_report(config: DictConfig, results_dir: str, study: str) -> None:
+    """The study's HTML report (harness.report) and its W&B summary run; the path is printed last.
+    A failure here is printed and swallowed: the records are already written and the sweep is done."""
+    path = rec.records_path(results_dir, study)
+    try:
+        from harness.report import write_report as write_html
+
+        html = write_html(path)
+    except Exception as e:  # noqa: BLE001 - a report bug must never fail the sweep or touch the records
+        console.print(f"[red]report failed[/] ({escape(type(e).__name__)}: {escape(str(e))}); "
+                      f"the records in {path} are unaffected; retry with `python -m harness.report {path}`")
+        return
+    logger = config.get("logger") or {}
+    if logger.get("name") == "wandb":
+        try:
+            from harness.report.wandb_summary import log_summary
+
+            where = log_summary(path, html, mode=str(logger.get("mode", "offline")),
+                                project=str(logger.get("project", "brigade")), entity=logger.get("entity"))
+            if where:
+                console.print(f"W&B study summary: {where}")
+        except Exception as e:  # noqa: BLE001 - same rule as the report
+            console.print(f"[red]W&B study summary failed[/] ({escape(type(e).__name__)}: {escape(str(e))})")
+    console.file.flush()
+    print(f"report: {html}", flush=True)

@@ -1,0 +1,43 @@
+"""`python -m harness.report results/<study>.jsonl [--out PATH] [--no-png] [--wandb MODE]`
+
+Writes <results_dir>/<study>.html and the PNG charts beside it; the last line printed is the HTML path.
+With --wandb offline|online, also logs the study summary as one W&B run in the study's group.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
+    ap.add_argument("records", type=Path, help="<results_dir>/<study>.jsonl")
+    ap.add_argument("--out", type=Path, default=None, help="HTML path (default: the records path with .html)")
+    ap.add_argument("--no-png", action="store_true", help="skip the PNG charts")
+    ap.add_argument("--wandb", choices=("offline", "online", "disabled"), default=None,
+                    help="also log the study summary to W&B in this mode (WANDB_MODE in the environment wins)")
+    ap.add_argument("--project", default="brigade", help="W&B project for --wandb")
+    args = ap.parse_args(argv)
+    if not args.records.exists():
+        print(f"no records at {args.records}", file=sys.stderr)
+        return 2
+
+    from harness.report import png_paths, write_report
+
+    html = write_report(args.records, args.out, pngs=not args.no_png)
+    for p in png_paths(html).values():
+        if p.exists():
+            print(f"chart: {p}")
+    if args.wandb:
+        from harness.report.wandb_summary import log_summary
+
+        where = log_summary(args.records, html, mode=args.wandb, project=args.project)
+        if where:
+            print(f"W&B summary run: {where}")
+    print(html)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The report's charts as data: each function returns the series of one chart, which `figures` turns
+into plotly figures (the HTML page) and `png` into matplotlib images (docs, W&B), so both show the
+same numbers.
+"""
+from __future__ import annotations
+
+from harness.report import scaling
+from harness.report.schedule import idle_intervals
+from harness.report.study import AXES, MEMORY_PARTS, Study
+
+ACTION_COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#b07aa1", "idle": "rgba(160,160,160,0.35)"}
+PART_COLOURS = {"params_bytes": "#4e79a7", "grads_bytes": "#f28e2b", "optimizer_bytes": "#59a14f",
+                "activations_bytes": "#e15759"}
+AXIS_COLOURS = {"dp": "#4e79a7", "tp": "#e15759", "pp": "#59a14f", "ep": "#b07aa1", "other": "#9c9c9c"}
+STRATEGY_COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+                    "#9c755f", "#bab0ac"]
+MiB = 1024**2
+
+
+def scaling_series(study: Study) -> dict | None:
+    c = scaling.curves(study)
+    worlds = {n for pts in c["by_strategy"].values() for n, *_ in pts}
+    if len(worlds) < 2 or c["baseline"] is None:
+        return None  # one device count: no curve, and a baseline measured against itself says nothing
+    base = c["baseline"]
+    base_per_device = base.m("tokens_per_s") / base.world
+    max_n = max(n for pts in c["by_strategy"].values() for n, *_ in pts)
+    ns = list(range(1, max(max_n, 2) + 1))
+    out = {"strategies": {}, "ideal": {"devices": ns, "tokens_per_s": [base_per_device * n for n in ns]},
+           "fit_all": c["fit_all"], "fits": c["fits"], "baseline_label": base.label}
+    f = c["fit_all"]
+    if f is not None and 0 <= f <= 1:
+        fine = [1 + i * (ns[-1] - 1) / 60 for i in range(61)]
+        out["amdahl"] = {"devices": fine, "tokens_per_s": [base_per_device * scaling.amdahl(f, n) for n in fine],
+                         "efficiency": [scaling.amdahl(f, n) / n for n in fine]}
+    for name, pts in c["by_strategy"].items():
+        out["strategies"][name] = {"devices": [p[0] for p in pts], "tokens_per_s": [p[1] for p in pts],
+                                   "speedup": [p[2] for p in pts], "efficiency": [p[3] for p in pts],
+                                   "run_id": [p[4] for p in pts]}
+    return out
+
+
+def memory_series(study: Study) -> dict | None:
+    """Per run with any memory figure: the four parts, measured (max over ranks) and predicted."""
+    runs = [r for r in study.runs if r.status != "invalid" and (r.m("model_states_bytes") or r.p("model_states_bytes"))]
+    if not runs:
+        return None
+    out = {"labels": [r.label for r in runs], "measured": {}, "predicted": {}}
+    for part in MEMORY_PARTS:
+        out["measured"][part] = [r.m(part) for r in runs]
+        out["predicted"][part] = [r.p(part) for r in runs]
+    return out
+
+
+def comm_series(study: Study) -> dict | None:
+    """Per run: comm share of the step by axis, measured and predicted (None where absent)."""
+    runs = [r for r in study.ok_runs]
+    rows = []
+    for r in runs:
+        meas, pred = r.comm_share_by_axis(), r.predicted_comm_share_by_axis()
+        m_total, p_total = r.m("comm_share_pct"), r.p("comm_share_pct")
+        if meas is None and m_total is not None:
+            meas = {"all axes": m_total}
+        if pred is None and p_total is not None:
+            pred = {"all axes": p_total}
+        if meas is None and pred is None:
+            continue
+        rows.append({"label": r.label, "measured": meas, "predicted": pred, "measured_total": m_total,
+                     "predicted_total": p_total, "exposed": r.m("comm_exposed_pct")})
+    if not rows:
+        return None
+    keys = []
+    for row in rows:
+        for d in (row["measured"], row["predicted"]):
+            for k in (d or {}):
+                if k not in keys:
+                    keys.append(k)
+    keys.sort(key=lambda k: (AXES.index(k) if k in AXES else len(AXES), k))
+    return {"rows": rows, "axes": keys}
+
+
+def gantt_series(events: list[dict], ranks: int, end: float, unit: float = 1.0) -> dict:
+    """Bars per action (F/B/W) and idle intervals, one row per rank; times multiplied by `unit`."""
+    out = {a: {"rank": [], "start": [], "dur": [], "text": []} for a in ("F", "B", "W")}
+    for e in events:
+        a = e["action"] if e["action"] in out else "B"
+        s = out[a]
+        s["rank"].append(e["rank"])
+        s["start"].append(e["start_s"] * unit)
+        s["dur"].append((e["end_s"] - e["start_s"]) * unit)
+        s["text"].append(str(e["mb"]))
+    idle = {"rank": [], "start": [], "dur": []}
+    for g in idle_intervals(events, ranks, end):
+        idle["rank"].append(g["rank"])
+        idle["start"].append(g["start_s"] * unit)
+        idle["dur"].append((g["end_s"] - g["start_s"]) * unit)
+    return {"actions": {a: v for a, v in out.items() if v["rank"]}, "idle": idle, "ranks": ranks, "end": end * unit}
+
+
+def measured_gantt(timelines: list[dict]) -> dict | None:
+    """The measured timeline files of one pipeline step -> gantt series in milliseconds, plus the
+    bubble of each rank (1 - busy / step time, the measurement's own definition)."""
+    events, ranks, end = [], 0, 0.0
+    bubbles = []
+    for t in timelines:
+        r = int(t.get("rank", len(bubbles)))
+        ranks = max(ranks, r + 1)
+        step = t.get("step_time_s") or max((e["end_s"] for e in t["events"]), default=0.0)
+        end = max(end, step)
+        busy = 0.0
+        for e in t["events"]:
+            try:
+                events.append({"rank": r, "stage": e["stage"], "mb": e["mb"], "action": e["action"],
+                               "start_s": float(e["start_s"]), "end_s": float(e["end_s"])})
+                busy += float(e["end_s"]) - float(e["start_s"])
+            except (KeyError, TypeError, ValueError):
+                continue
+        bubbles.append(100.0 * (1 - busy / step) if step else None)
+    if not events:
+        return None
+    series = gantt_series(events, ranks, end, unit=1e3)
+    series["bubble_pct_per_rank"] = bubbles
+    return series

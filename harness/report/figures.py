@@ -1,0 +1,105 @@
+"""Plotly figures of the report's chart series (harness.report.charts), as JSON strings for the page."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from harness.report.charts import (ACTION_COLOURS, AXIS_COLOURS, PART_COLOURS, STRATEGY_COLOURS, MiB)
+
+LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=360,
+              font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12),
+              legend=dict(orientation="h", y=-0.2))
+ACTION_NAMES = {"F": "forward", "B": "backward", "W": "weight grad"}
+
+
+def to_json(fig: go.Figure) -> str:
+    return pio.to_json(fig, validate=False, pretty=False)
+
+
+def scaling(series: dict) -> tuple[go.Figure, go.Figure]:
+    tput, eff = go.Figure(), go.Figure()
+    ideal = series["ideal"]
+    tput.add_trace(go.Scatter(x=ideal["devices"], y=ideal["tokens_per_s"], mode="lines", name="ideal (linear)",
+                              line=dict(dash="dash", color="#888")))
+    eff.add_trace(go.Scatter(x=ideal["devices"], y=[100.0] * len(ideal["devices"]), mode="lines",
+                             name="ideal (100%)", line=dict(dash="dash", color="#888")))
+    if "amdahl" in series:
+        a, f = series["amdahl"], series["fit_all"]
+        name = f"Amdahl fit, serial fraction f = {f:.3f}"
+        tput.add_trace(go.Scatter(x=a["devices"], y=a["tokens_per_s"], mode="lines", name=name,
+                                  line=dict(dash="dot", color="#333")))
+        eff.add_trace(go.Scatter(x=a["devices"], y=[100 * e for e in a["efficiency"]], mode="lines", name=name,
+                                 line=dict(dash="dot", color="#333")))
+    for i, (name, s) in enumerate(series["strategies"].items()):
+        colour = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
+        tput.add_trace(go.Scatter(x=s["devices"], y=s["tokens_per_s"], mode="lines+markers", name=name,
+                                  line=dict(color=colour), marker=dict(size=9)))
+        eff.add_trace(go.Scatter(x=s["devices"], y=[100 * e for e in s["efficiency"]], mode="lines+markers",
+                                 name=name, line=dict(color=colour), marker=dict(size=9)))
+    tput.update_layout(**LAYOUT, title="Throughput vs devices", xaxis_title="devices (world size)",
+                       yaxis_title="tokens/s")
+    eff.update_layout(**LAYOUT, title=f"Scaling efficiency vs devices (baseline: {series['baseline_label']})",
+                      xaxis_title="devices (world size)", yaxis_title="efficiency %")
+    for fig in (tput, eff):
+        fig.update_xaxes(dtick=1)
+    return tput, eff
+
+
+def memory(series: dict) -> go.Figure:
+    fig = go.Figure()
+    labels = series["labels"]
+    for side, pattern in (("measured", ""), ("predicted", "/")):
+        base = [0.0] * len(labels)
+        for part, values in series[side].items():
+            ys = [v / MiB if v is not None else 0.0 for v in values]
+            if not any(v is not None for v in values):
+                continue
+            fig.add_trace(go.Bar(x=labels, y=ys, base=base[:], offsetgroup=side, name=f"{part[:-6]} ({side})",
+                                 legendgroup=side, marker=dict(color=PART_COLOURS[part], pattern_shape=pattern,
+                                                               line=dict(width=0.5, color="#333")),
+                                 hovertemplate="%{x}<br>" + f"{side} {part[:-6]}" + ": %{y:.2f} MiB<extra></extra>"))
+            base = [b + y for b, y in zip(base, ys)]
+    fig.update_layout(**LAYOUT, barmode="group", title="Memory per device: measured (solid) vs predicted (hatched)",
+                      yaxis_title="MiB (max over ranks)")
+    return fig
+
+
+def comm(series: dict) -> go.Figure:
+    fig = go.Figure()
+    labels = [r["label"] for r in series["rows"]]
+    for side, pattern in (("measured", ""), ("predicted", "/")):
+        base = [0.0] * len(labels)
+        for axis in series["axes"]:
+            ys = [((r[side] or {}).get(axis) or 0.0) for r in series["rows"]]
+            if not any(ys):
+                continue
+            fig.add_trace(go.Bar(x=labels, y=ys, base=base[:], offsetgroup=side, name=f"{axis} ({side})",
+                                 marker=dict(color=AXIS_COLOURS.get(axis, AXIS_COLOURS["other"]),
+                                             pattern_shape=pattern, line=dict(width=0.5, color="#333")),
+                                 hovertemplate="%{x}<br>" + f"{side} {axis}" + ": %{y:.1f}% of step<extra></extra>"))
+            base = [b + y for b, y in zip(base, ys)]
+    fig.update_layout(**LAYOUT, barmode="group", yaxis_title="% of step time",
+                      title="Communication share of the step by axis: measured (solid) vs predicted (hatched)")
+    return fig
+
+
+def gantt(series: dict, title: str, unit: str) -> go.Figure:
+    fig = go.Figure()
+    rows = [f"rank {r}" for r in range(series["ranks"])]
+    idle = series["idle"]
+    if idle["rank"]:
+        fig.add_trace(go.Bar(y=[f"rank {r}" for r in idle["rank"]], x=idle["dur"], base=idle["start"],
+                             orientation="h", name="idle (bubble)", marker=dict(color=ACTION_COLOURS["idle"],
+                                                                                pattern_shape="x"),
+                             hovertemplate="idle %{x:.3g} " + unit + "<extra></extra>"))
+    for action, s in series["actions"].items():
+        fig.add_trace(go.Bar(y=[f"rank {r}" for r in s["rank"]], x=s["dur"], base=s["start"], orientation="h",
+                             name=ACTION_NAMES[action], text=s["text"], textposition="inside",
+                             insidetextanchor="middle", marker=dict(color=ACTION_COLOURS[action],
+                                                                    line=dict(width=0.5, color="#fff")),
+                             hovertemplate=ACTION_NAMES[action] + " of micro-batch %{text}<br>"
+                             "%{base:.3g} - %{x:.3g} " + unit + "<extra></extra>"))
+    fig.update_layout(**{**LAYOUT, "height": 120 + 45 * series["ranks"]}, barmode="overlay", title=title,
+                      xaxis_title=unit, bargap=0.25)
+    fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
+    return fig

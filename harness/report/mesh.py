@@ -1,0 +1,67 @@
+"""The device mesh of one run, for the 3D mode: which ranks form each dp / tp / pp (/ ep) group, which
+node each rank sits on, which groups cross nodes, and which collective each axis runs.
+
+Placement comes from harness.dims.ParallelDims (tp innermost, then dp, then pp). Nodes are consecutive
+blocks of `hardware.devices_per_node` ranks (or launcher.nproc_per_node on a multi-node launch),
+the same assumption the cost model makes when it picks intra- or inter-node bandwidth.
+"""
+from __future__ import annotations
+
+from harness.dims import ConfigError, ParallelDims
+
+
+def ranks_per_node(run) -> int:
+    nodes = run.cfg("launcher", "nodes", default=1) or 1
+    nproc = run.cfg("launcher", "nproc_per_node", default=0) or 0
+    if nodes > 1 and nproc > 0:
+        return int(nproc)
+    return max(1, int(run.cfg("hardware", "devices_per_node", default=1) or 1))
+
+
+def collectives(run, axis: str) -> str:
+    """What runs along an axis for this run's strategy, in words."""
+    s = run.cfg("strategy", default={}) or {}
+    zero = s.get("zero_stage", 0) or 0
+    name = run.strategy
+    if axis == "dp":
+        if name == "fsdp" or zero == 3 or (name == "3d" and s.get("dp_shard", "fsdp") == "fsdp"):
+            return "all-gather of parameters (forward and backward) + reduce-scatter of gradients"
+        if zero == 2 or (zero == 1 and run.engine == "deepspeed"):
+            return "reduce-scatter of gradients + all-gather of updated parameters"
+        if zero == 1:
+            return "all-reduce of gradients + broadcast of each rank's updated parameter shard"
+        return "all-reduce of gradients (ring: reduce-scatter then all-gather)"
+    if axis == "tp":
+        if s.get("sequence_parallel"):
+            return "all-gather + reduce-scatter of activations, 2 of each per layer forward and backward"
+        return "all-reduce of activations, 2 per layer forward and 2 backward"
+    if axis == "pp":
+        return "send/recv of activations (forward) and their gradients (backward) between neighbour stages"
+    if axis == "ep":
+        return "all-to-all of routed tokens, 2 per MoE layer forward and 2 backward"
+    raise ValueError(axis)
+
+
+def describe(run) -> dict | None:
+    """The mesh as plain data for the page: ranks with coords and node, and per axis its groups."""
+    d = run.dims
+    try:
+        dims = ParallelDims(dp=d["dp"], tp=d["tp"], pp=d["pp"], vpp=d.get("vpp", 1), ep=d.get("ep", 1),
+                            world_size=d["world_size"])
+    except ConfigError:
+        return None
+    per_node = ranks_per_node(run)
+    ranks = [{"rank": r, "node": r // per_node, **dims.coords(r)} for r in range(dims.world_size)]
+    axes = []
+    for axis in ("tp", "dp", "pp", "ep"):
+        size = getattr(dims, axis)
+        if size <= 1:
+            continue
+        groups = dims.groups(axis)
+        crossing = [g for g in groups if len({r // per_node for r in g}) > 1]
+        link = "inter_node" if crossing else "intra_node"
+        axes.append({"axis": axis, "size": size, "groups": groups, "crossing": len(crossing),
+                     "collective": collectives(run, axis), "link": link,
+                     "bus_bw_GBps": run.cfg("hardware", link, "bus_bw_GBps")})
+    return {"dims": dims.as_dict(), "ranks_per_node": per_node,
+            "nodes": (dims.world_size + per_node - 1) // per_node, "ranks": ranks, "axes": axes}

@@ -1,0 +1,124 @@
+"""PNG versions of the key charts (matplotlib, Agg backend: no display needed), for docs and W&B.
+
+Same series as the HTML page (harness.report.charts). Each function writes one file and returns its
+path, or None when the study has no data for that chart.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from harness.report.charts import ACTION_COLOURS, AXIS_COLOURS, PART_COLOURS, STRATEGY_COLOURS, MiB  # noqa: E402
+
+DPI = 110
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def scaling(series: dict | None, path: Path) -> Path | None:
+    if not series:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ideal = series["ideal"]
+    a.plot(ideal["devices"], ideal["tokens_per_s"], "--", color="#888", label="ideal (linear)")
+    b.plot(ideal["devices"], [100] * len(ideal["devices"]), "--", color="#888", label="ideal")
+    if "amdahl" in series:
+        am, f = series["amdahl"], series["fit_all"]
+        a.plot(am["devices"], am["tokens_per_s"], ":", color="#333", label=f"Amdahl f = {f:.3f}")
+        b.plot(am["devices"], [100 * e for e in am["efficiency"]], ":", color="#333", label=f"Amdahl f = {f:.3f}")
+    for i, (name, s) in enumerate(series["strategies"].items()):
+        c = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
+        a.plot(s["devices"], s["tokens_per_s"], "o-", color=c, label=name)
+        b.plot(s["devices"], [100 * e for e in s["efficiency"]], "o-", color=c, label=name)
+    a.set(title="Throughput vs devices", xlabel="devices", ylabel="tokens/s")
+    b.set(title="Scaling efficiency", xlabel="devices", ylabel="efficiency %")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_xticks(ideal["devices"])
+    return _save(fig, path)
+
+
+def memory(series: dict | None, path: Path) -> Path | None:
+    if not series:
+        return None
+    labels = series["labels"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels) + 2), 4))
+    width = 0.38
+    for k, (side, hatch) in enumerate((("measured", ""), ("predicted", "//"))):
+        bottom = [0.0] * len(labels)
+        xs = [i + (k - 0.5) * width for i in range(len(labels))]
+        for part, values in series[side].items():
+            if not any(v is not None for v in values):
+                continue
+            ys = [v / MiB if v is not None else 0.0 for v in values]
+            ax.bar(xs, ys, width, bottom=bottom, color=PART_COLOURS[part], hatch=hatch, edgecolor="#333",
+                   linewidth=0.5, label=f"{part[:-6]} ({side})")
+            bottom = [b + y for b, y in zip(bottom, ys)]
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set(title="Memory per device: measured (solid) vs predicted (hatched)", ylabel="MiB (max over ranks)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def comm(series: dict | None, path: Path) -> Path | None:
+    if not series:
+        return None
+    rows = series["rows"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows) + 2), 4))
+    width = 0.38
+    for k, (side, hatch) in enumerate((("measured", ""), ("predicted", "//"))):
+        bottom = [0.0] * len(rows)
+        xs = [i + (k - 0.5) * width for i in range(len(rows))]
+        for axis in series["axes"]:
+            ys = [((r[side] or {}).get(axis) or 0.0) for r in rows]
+            if not any(ys):
+                continue
+            ax.bar(xs, ys, width, bottom=bottom, color=AXIS_COLOURS.get(axis, AXIS_COLOURS["other"]), hatch=hatch,
+                   edgecolor="#333", linewidth=0.5, label=f"{axis} ({side})")
+            bottom = [b + y for b, y in zip(bottom, ys)]
+    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set(title="Communication share of the step by axis", ylabel="% of step time")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _gantt(ax, series: dict, title: str, unit: str) -> None:
+    n = series["ranks"]
+    idle = series["idle"]
+    for r, s, d in zip(idle["rank"], idle["start"], idle["dur"]):
+        ax.barh(n - 1 - r, d, left=s, color="#ccc", hatch="xx", edgecolor="#aaa", linewidth=0)
+    for action, s in series["actions"].items():
+        for r, start, d, text in zip(s["rank"], s["start"], s["dur"], s["text"]):
+            ax.barh(n - 1 - r, d, left=start, color=ACTION_COLOURS[action], edgecolor="white", linewidth=0.5)
+            if d > series["end"] / 60:
+                ax.text(start + d / 2, n - 1 - r, text, ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)][::-1])
+    ax.set(title=title, xlabel=unit)
+
+
+def pipeline(predicted: dict | None, measured: dict | None, titles: tuple[str, str], path: Path) -> Path | None:
+    panels = [(s, t, u) for s, t, u in ((predicted, titles[0], "time (F = 1 unit)"), (measured, titles[1], "ms"))
+              if s]
+    if not panels:
+        return None
+    n = max(s["ranks"] for s, _, _ in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.2 + 0.9 * n * len(panels)), squeeze=False)
+    for ax, (s, t, u) in zip(axes[:, 0], panels):
+        _gantt(ax, s, t, u)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=ACTION_COLOURS[a]) for a in ("F", "B", "W")]
+    handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#ccc", hatch="xx", edgecolor="#aaa"))
+    fig.legend(handles, ["forward", "backward", "weight grad", "idle (bubble)"], loc="upper right", fontsize=7,
+               ncol=4)
+    return _save(fig, path)

@@ -1,0 +1,265 @@
+"""A study's records, read for the report: the latest record per config, tolerant accessors, and which
+run each mode (DP / TP / PP / 3D) explains.
+
+The records are produced by several parts of brigade that grow independently (cost model, strategies,
+measurement), so every accessor returns None for a figure a record does not carry, and the page says
+"not measured" / "not predicted" instead of failing.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import record as rec
+
+AXES = ("dp", "tp", "pp", "ep")
+MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+DTYPE_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
+
+
+def _number(x):
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+@dataclass
+class Run:
+    r: dict
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.r.get("run_id") or "?"
+
+    @property
+    def status(self) -> str:
+        return self.r.get("status") or "?"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def strategy(self) -> str:
+        return self.r.get("strategy") or "?"
+
+    @property
+    def config(self) -> dict:
+        return self.r.get("config") or {}
+
+    def cfg(self, *path, default=None):
+        d = self.config
+        for k in path:
+            if not isinstance(d, dict) or k not in d:
+                return default
+            d = d[k]
+        return d
+
+    @property
+    def engine(self) -> str:
+        return self.cfg("strategy", "engine", default="torch")
+
+    @property
+    def dims(self) -> dict:
+        d = dict(self.r.get("dims") or {})
+        par = self.cfg("parallel", default={}) or {}
+        for axis in ("dp", "tp", "pp", "vpp", "ep"):
+            d.setdefault(axis, par.get(axis, 1) if isinstance(par.get(axis), int) else 1)
+        d.setdefault("world_size", d["dp"] * d["tp"] * d["pp"])
+        return d
+
+    @property
+    def world(self) -> int:
+        return int(self.dims["world_size"] or 1)
+
+    @property
+    def degrees(self) -> str:
+        from harness.table import degrees
+
+        return degrees(self.dims)
+
+    @property
+    def label(self) -> str:
+        engine = " (DeepSpeed)" if self.engine == "deepspeed" else ""
+        stage = self.cfg("strategy", "zero_stage", default=0)
+        zero = f" ZeRO-{stage}" if self.engine == "deepspeed" and stage else ""
+        sched = f" {self.cfg('strategy', 'schedule')}" if self.dims["pp"] > 1 else ""
+        return f"{self.strategy}{engine}{zero} {self.degrees}{sched}"
+
+    @property
+    def measured(self) -> dict:
+        return self.r.get("measured") or {}
+
+    @property
+    def predicted(self) -> dict:
+        return self.r.get("predicted") or {}
+
+    def m(self, key):
+        return _number(self.measured.get(key))
+
+    def p(self, key):
+        return _number(self.predicted.get(key))
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.cfg("workload", "precision", default="fp32"), 4)
+
+    @property
+    def num_microbatches(self) -> int | None:
+        n = self.measured.get("num_microbatches") or self.cfg("workload", "num_microbatches")
+        if n:
+            return int(n)
+        w, d = self.cfg("workload", default={}) or {}, self.dims
+        try:
+            return int(w["global_batch_size"] // (d["dp"] * w["micro_batch_size"]))
+        except (KeyError, TypeError, ZeroDivisionError):
+            return None
+
+    @property
+    def run_dir(self) -> Path | None:
+        d = self.r.get("run_dir")
+        return Path(d) if d else None
+
+    def uses(self, axis: str) -> bool:
+        return (self.dims.get(axis) or 1) > 1
+
+    # -- communication -------------------------------------------------------------------------
+    def comm_share_by_axis(self) -> dict[str, float] | None:
+        """Measured % of the step each axis spent in collectives (the profiled window's
+        comm_share_by_axis_pct, else derived from comm_by_axis times), None if not measured."""
+        m = self.measured
+        share = _pct_dict(m.get("comm_share_by_axis_pct"))
+        if share is None and isinstance(m.get("comm_by_axis"), dict) and _number(m.get("profiled_step_time_s")):
+            step = m["profiled_step_time_s"]
+            share = {a: 100 * sum(_number(c.get("time_s")) or 0.0 for c in colls.values() if isinstance(c, dict)) / step
+                     for a, colls in m["comm_by_axis"].items() if isinstance(colls, dict)} or None
+        return share
+
+    def comm_exposed_by_axis(self) -> dict[str, float] | None:
+        return _pct_dict(self.measured.get("comm_exposed_by_axis_pct"))
+
+    def predicted_comm_share_by_axis(self) -> dict[str, float] | None:
+        """The cost model's comm time per axis as % of its predicted step time."""
+        step = self.p("step_time_s")
+        if not step:
+            return None
+        out = {a: 100 * self.p(f"comm_{a}_time_s") / step for a in AXES if self.p(f"comm_{a}_time_s")}
+        return out or None
+
+    def comm_bytes(self, axis: str) -> tuple[float | None, float | None]:
+        """(measured, predicted) bytes sent per rank per step along one axis."""
+        meas = self.m(f"comm_{axis}_bytes")
+        if meas is None and isinstance(self.measured.get("comm_bytes_by_axis"), dict):
+            meas = _number(self.measured["comm_bytes_by_axis"].get(axis))
+        return meas, self.p(f"comm_{axis}_bytes")
+
+    def collectives_of(self, axis: str) -> dict[str, dict]:
+        """Measured collectives on one axis: {name: {time_s, exposed_s, count, bytes, ...}} ({} if none)."""
+        by_axis = self.measured.get("comm_by_axis")
+        colls = by_axis.get(axis) if isinstance(by_axis, dict) else None
+        return {k: v for k, v in colls.items() if isinstance(v, dict)} if isinstance(colls, dict) else {}
+
+    # -- pipeline timelines ------------------------------------------------------------------------
+    def timelines(self) -> list[dict]:
+        """The timeline_rank<r>.json files of a pipeline run, by rank ([] if none were written)."""
+        d = self.run_dir
+        if d is None or not d.is_dir():
+            return []
+        out = []
+        for f in sorted(d.glob("timeline_rank*.json")):
+            try:
+                doc = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("events"), list):
+                out.append(doc)
+        return sorted(out, key=lambda t: t.get("rank", 0))
+
+
+def _pct_dict(v) -> dict[str, float] | None:
+    if not isinstance(v, dict):
+        return None
+    out = {a: float(x) for a, x in v.items() if _number(x) is not None}
+    return out or None
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    runs: list[Run]
+
+    @property
+    def ok_runs(self) -> list[Run]:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def not_ok(self) -> list[Run]:
+        return [r for r in self.runs if not r.ok]
+
+    @property
+    def strategies(self) -> list[str]:
+        return sorted({r.strategy for r in self.runs})
+
+    def example(self) -> Run | None:
+        """A representative config (for commands that would run a missing mode)."""
+        return (self.ok_runs or self.runs or [None])[0]
+
+    def baseline(self, run: Run) -> Run | None:
+        """The run that scaling is measured against for `run`: an ok one-device run of the same model
+        and global batch (single first), else the smallest ok run of that model."""
+        same = [r for r in self.ok_runs if r.cfg("model", "name") == run.cfg("model", "name")
+                and r.cfg("workload", "global_batch_size") == run.cfg("workload", "global_batch_size")
+                and r.m("tokens_per_s")]
+        if not same:
+            return None
+        return min(same, key=lambda r: (r.world, r.strategy != "single", r.run_id))
+
+
+def load(path: str | Path) -> Study:
+    """Read <results_dir>/<study>.jsonl; the latest record of each config, in first-seen order."""
+    path = Path(path)
+    records = rec.read(path)
+    latest = rec.latest_by_run_id([r for r in records if isinstance(r, dict) and "run_id" in r])
+    order = list(dict.fromkeys(r["run_id"] for r in records if isinstance(r, dict) and "run_id" in r))
+    runs = [Run(latest[i]) for i in order]
+    name = next((r.r.get("study") for r in runs if r.r.get("study")), None) or path.stem
+    return Study(name=name, path=path, runs=runs)
+
+
+# -- which run each mode explains -------------------------------------------------------------------
+def candidates(study: Study, mode: str, limit: int = 6) -> list[Run]:
+    """Runs that use the mode's axis, best first: ok before not ok, the purest use of the axis
+    (fewest other axes), then the largest degree."""
+    runs = study.runs
+    if mode == "dp":
+        use = [r for r in runs if r.uses("dp")]
+        key = lambda r: (not r.ok, r.uses("tp") + r.uses("pp"), -r.dims["dp"], r.run_id)  # noqa: E731
+    elif mode == "tp":
+        use = [r for r in runs if r.uses("tp")]
+        key = lambda r: (not r.ok, r.uses("dp") + r.uses("pp"), -r.dims["tp"], r.run_id)  # noqa: E731
+    elif mode == "pp":
+        use = [r for r in runs if r.uses("pp")]
+        key = lambda r: (not r.ok, not r.timelines(), r.uses("dp") + r.uses("tp"), -r.dims["pp"], r.run_id)  # noqa: E731
+    elif mode == "3d":
+        use = [r for r in runs if sum(r.uses(a) for a in AXES) >= 2]
+        key = lambda r: (not r.ok, -sum(r.uses(a) for a in AXES), -r.world, r.run_id)  # noqa: E731
+    else:
+        raise ValueError(mode)
+    # an invalid record has not run, so it explains nothing beyond its error: ok and failed runs only
+    use = [r for r in use if r.status != "invalid" and r.r.get("dims")]
+    return sorted(use, key=key)[:limit]
+
+
+def command_for(study: Study, mode: str) -> str:
+    """The brigade command that would run a config of this mode with the study's model and hardware."""
+    ex = study.example()
+    model = ex.cfg("model", "name", default="tiny") if ex else "tiny"
+    hw = ex.cfg("hardware", "name", default="cpu") if ex else "cpu"
+    base = f"brigade study={study.name} model={model} hardware={hw}"
+    return {
+        "dp": f"{base} strategy=ddp parallel.dp=2",
+        "tp": f"{base} strategy=tp parallel.tp=2",
+        "pp": f"{base} strategy=pp parallel.pp=2 strategy.schedule=1f1b",
+        "3d": f"{base} strategy=3d parallel.dp=2 parallel.tp=2 parallel.pp=2",
+    }[mode]

@@ -51,18 +51,22 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool
 
 
 def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: bool, precision: str,
-                        attention: str, dropout: float, recompute: str, top_k: int = 1, n_experts: int = 0) -> float:
-    """Bytes one block of models/gpt.py keeps for backward, one micro-batch (see module docstring)."""
+                        attention: str, dropout: float, recompute: str, top_k: int = 1, n_experts: int = 0,
+                        autocast: bool = True) -> float:
+    """Bytes one block of models/gpt.py keeps for backward, one micro-batch (see module docstring).
+    autocast=False: the engine casts the parameters instead (FSDP2 MixedPrecisionPolicy, DeepSpeed
+    bf16/fp16), so the residual stream and LayerNorms run in the low precision and no per-matmul
+    input casts exist."""
     E, F = b * s * h, b * s * d_ff
     e = 4 if precision == "fp32" else 2
-    r = 4
+    r = 4 if autocast else e
     rep = t if sp else 1  # replicated terms shard only under sequence parallel
     if recompute == "full":
         return r * E / rep
     k = top_k if n_experts else 1
     ln = 2 * (r * E + 8 * b * s) / rep  # ln1, ln2 inputs + mean/rstd
     # inputs of the q/k/v and fc1 matmuls: one fp32 tensor each, or one 2-byte cast per matmul
-    mm_in = (r * E + r * E * k) if e == 4 else (3 * e * E + e * E * k)
+    mm_in = (r * E + r * E * k) if (e == 4 or not autocast) else (3 * e * E + e * E * k)
     qkv_out = 3 * e * E / t
     core_out = e * E / t
     core = 0.0
@@ -71,7 +75,8 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
             core = 4 * b * a * s / t  # logsumexp
         else:
             scores = b * a * s * s / t
-            core = 4 * scores + (0 if e == 4 else e * scores)  # softmax out (fp32) + AV matmul's cast
+            # softmax output (fp32 under autocast) + the 2-byte cast the AV matmul saves
+            core = (4 * scores + (0 if e == 4 else e * scores)) if autocast else e * scores
             if dropout > 0:
                 core += scores * (1 + e)  # mask + dropout output
     if attention == "eager":
@@ -82,13 +87,13 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     return ln + mm_in + qkv_out + core_out + core + mlp + router + masks
 
 
-def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str) -> float:
+def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str, autocast: bool = True) -> float:
     """Per-layer activation bytes for the model that runs: Korthikanti's constants where they apply
     (dropout > 0 with eager attention), brigade's derived ones otherwise."""
     if m.dropout > 0 and m.attention == "eager" and not m.n_experts:
         return korthikanti_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, t, sp, recompute)
     return brigade_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, m.d_ff, t, sp, precision, m.attention,
-                               m.dropout, recompute, m.top_k, m.n_experts)
+                               m.dropout, recompute, m.top_k, m.n_experts, autocast)
 
 
 def head_bytes(s: int, b: int, h: int, V: int, t: int, head_sharded: bool) -> float:

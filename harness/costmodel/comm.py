@@ -12,8 +12,10 @@ Per axis (Ψ_b = a rank's parameter bytes, G = its gradient bytes, m micro-batch
 E = b*s*h activation elements, L_r = layers on the rank):
     dp  DDP: one all-reduce of G per step (no_sync on the other micro-batches), bucket by bucket;
         ZeroRedundancyOptimizer: that all-reduce + the updated parameters from their owners;
-        FSDP2 / ZeRO-3: all-gather Ψ_b in forward and again in backward per micro-batch (once with
-        reshard_after_forward=False, i.e. zero2) + one reduce-scatter of G: 3(n-1)/n Ψ traffic;
+        FSDP2 / ZeRO-3: all-gather Ψ_b in forward and again in backward (m + 1 times over m
+        micro-batches, as harness/strategies/fsdp.py keeps params gathered between accumulation
+        steps; once with reshard_after_forward=False, i.e. zero2) + one reduce-scatter of G:
+        3(n-1)/n Ψ traffic at m = 1;
         DeepSpeed: stage 0 all-reduce; 1: reduce-scatter + all-gather; 2: reduce-scatter every
         micro-batch; 3: all-gather twice + reduce-scatter every micro-batch.
     tp  Megatron: 2 all-reduces of E per layer in forward, 2 in backward, per micro-batch (with
@@ -65,27 +67,30 @@ def volume(collective: str, n: int, size_bytes: float) -> float:
     return 0.0 if n <= 1 else FACTOR[collective](n) * size_bytes
 
 
-def dp_ops(fam: str, zero_stage: int, n: int, m: int, param_bytes: float, grad_bytes: float,
-           reshard_after_forward: bool) -> list[tuple[str, float, str]]:
-    """The dp axis' collectives per step: (collective, total message bytes, when) with when in
-    grad (overlappable with backward) | params (overlappable with forward/backward) | step (after)."""
+def dp_ops_scaling(fam: str, zero_stage: int, n: int, param_bytes: float, grad_bytes: float,
+                   reshard_after_forward: bool) -> list[tuple[str, float, float, str]]:
+    """The dp axis' collectives per step as (collective, bytes, bytes per micro-batch, when): total
+    message bytes = bytes + m * bytes per micro-batch; when is grad (hides behind backward) |
+    params (prefetched behind compute) | step (after backward, exposed)."""
     if n <= 1:
         return []
     if fam == "replicate":
-        return [("all_reduce", grad_bytes, "grad")]
+        return [("all_reduce", grad_bytes, 0.0, "grad")]
     if fam == "zero1_torch":
-        return [("all_reduce", grad_bytes, "grad"), ("broadcast", param_bytes, "step")]
+        return [("all_reduce", grad_bytes, 0.0, "grad"), ("broadcast", param_bytes, 0.0, "step")]
     if fam == "fsdp":
-        gathers = m * (2 if reshard_after_forward else 1)
-        return [("all_gather", gathers * param_bytes, "params"), ("reduce_scatter", grad_bytes, "grad")]
+        # harness/strategies/fsdp.py: a resharding unit is gathered for the first forward and for
+        # every backward; it stays gathered from a non-last backward into the next forward: m + 1
+        gathers = (param_bytes, param_bytes) if reshard_after_forward else (param_bytes, 0.0)
+        return [("all_gather", *gathers, "params"), ("reduce_scatter", grad_bytes, 0.0, "grad")]
     # deepspeed
     if zero_stage == 0:
-        return [("all_reduce", grad_bytes, "grad")]
+        return [("all_reduce", grad_bytes, 0.0, "grad")]
     if zero_stage == 1:
-        return [("reduce_scatter", grad_bytes, "grad"), ("all_gather", param_bytes, "step")]
+        return [("reduce_scatter", grad_bytes, 0.0, "grad"), ("all_gather", param_bytes, 0.0, "step")]
     if zero_stage == 2:
-        return [("reduce_scatter", m * grad_bytes, "grad"), ("all_gather", param_bytes, "step")]
-    return [("all_gather", 2 * m * param_bytes, "params"), ("reduce_scatter", m * grad_bytes, "grad")]
+        return [("reduce_scatter", 0.0, grad_bytes, "grad"), ("all_gather", param_bytes, 0.0, "step")]
+    return [("all_gather", 0.0, 2 * param_bytes, "params"), ("reduce_scatter", 0.0, grad_bytes, "grad")]
 
 
 def pp_sends(stages: tuple, n_stages: int) -> int:

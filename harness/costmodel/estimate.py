@@ -84,7 +84,7 @@ class Hardware:
 class Strategy:
     """The strategy knobs the cost model reads."""
     __slots__ = ("name", "engine", "fam", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
-                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp")
+                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp", "autocast")
 
     @classmethod
     def of(cls, s) -> "Strategy":
@@ -102,6 +102,9 @@ class Strategy:
                            if s.engine == "deepspeed" else None)
         # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
         self.uses_ddp = self.fam in ("replicate", "zero1_torch") and s.engine == "torch"
+        # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
+        # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
+        self.autocast = self.fam not in ("fsdp", "deepspeed")
         return self
 
 
@@ -138,177 +141,222 @@ def _grad_comm_bytes(st: Strategy, groups, dp: int, ep: int, grad_elem_bytes: in
     return grad_elem_bytes * dense, grad_elem_bytes * expert
 
 
-def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
-             m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True) -> dict:
-    world = dp * tp * pp
-    v = vpp if pp > 1 else 1
-    n_stages = pp * v
-    e = mem.ACT_BYTES[precision]
-    pkey = PRECISION_KEY[precision]
-    rpn = ranks_per_node(hw, world, nodes)
-    slowdown = max(1.0, rpn / hw.devices_per_node) if hw.device == "cpu" else 1.0
-    rate = hw.rate.get(pkey) or hw.rate.get("fp32")
-    rate_eff = rate / slowdown
-    tokens_mb = mb * md.s
-    layer_act = act.layer_bytes(md.cfg, mb, tp, st.sp, precision, ckpt)
-    head_sharded = tp > 1
-    per_stage_layers = md.L // n_stages
-    layer_fl = md.layer_flops / tp * (4 if ckpt == "full" else 3) + (md.core_flops / tp if ckpt == "selective" else 0)
-    head_fl = 3 * md.head_flops / (tp if head_sharded else 1)
+class Layout:
+    """Everything about a config that does not depend on micro-batching or checkpointing: placement,
+    model states, per-token FLOPs, the links each axis uses. The planner builds one per layout and
+    finishes it for every (micro-batch size, micro-batch count, checkpointing) cheaply."""
+    __slots__ = ("md", "hw", "st", "dp", "tp", "pp", "v", "ep", "precision", "world", "e", "e_res", "n_stages",
+                 "rpn", "slowdown", "rate_eff", "can_overlap", "ranks", "psi_rank", "act_seq", "head_seq",
+                 "logits_seq", "fsdp_block", "layer_fl", "head_fl", "dp_ops", "tp_link", "tp_calls_mb",
+                 "pp_link", "pp_sends_mb", "ep_link", "ep_layers", "unsharded_e", "ideal_bytes")
+
+
+class RankInfo:
+    """One pipeline rank's share: parameter groups, model states (worst dp rank), layers, ends."""
+    __slots__ = ("r", "groups", "numel", "states", "p", "g", "o", "x", "total", "layers", "first", "last", "stages")
+
+
+def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
+           nodes: int = 1, detail: bool = False) -> Layout:
+    lo = Layout()
+    lo.md, lo.hw, lo.st, lo.dp, lo.tp, lo.pp, lo.ep, lo.precision = md, hw, st, dp, tp, pp, ep, precision
+    v = lo.v = vpp if pp > 1 else 1
+    lo.n_stages = n_stages = pp * v
+    lo.world = world = dp * tp * pp
+    e = lo.e = mem.ACT_BYTES[precision]
+    lo.e_res = 4 if st.autocast else e  # the residual stream: fp32 under autocast
+    lo.rpn = ranks_per_node(hw, world, nodes)
+    lo.slowdown = max(1.0, lo.rpn / hw.devices_per_node) if hw.device == "cpu" else 1.0
+    lo.rate_eff = (hw.rate.get(PRECISION_KEY[precision]) or hw.rate["fp32"]) / lo.slowdown
+    lo.can_overlap = hw.device != "cpu"
     fam = st.fam
-    dp_ranks_all = detail
+    per_stage_layers = md.L // n_stages
+    head_div = tp  # vocab-parallel head and loss (models/tp_plan.py)
 
-    per_pp = []  # per pipeline rank: (states per dp rank, activations, flops per micro-batch, stages, groups)
-    for r in range(pp):
-        stages = stages_of_rank(r, pp, v, st.schedule)
-        groups = rank_inventory(md.shape, tp, pp, v, ep, st.schedule, r)
-        states = mem.model_states(fam, groups, dp, ep, precision, st.ds_knobs, dp_ranks_all)
-        layers = per_stage_layers * len(stages)
-        first, last = 0 in stages, n_stages - 1 in stages
-        flops_mb = tokens_mb * (layers * layer_fl + (head_fl if last else 0))
-        acts = act.in_flight(st.schedule, pp, v, m, r) * (
-            layers * layer_act + (act.head_bytes(md.s, mb, md.h, md.V, tp, head_sharded) if last else 0))
-        per_pp.append((states, acts, flops_mb, stages, groups, layers, first, last))
+    # Without detail only pp ranks 0, 1 and p-1: the middle ranks hold the same parameters and rank 1
+    # has the most micro-batches in flight among them, so every maximum is among these three.
+    lo.ranks = []
+    for r in (range(pp) if detail else sorted({0, min(1, pp - 1), pp - 1})):
+        ri = RankInfo()
+        ri.r = r
+        ri.stages = stages_of_rank(r, pp, v, st.schedule)
+        ri.groups = rank_inventory(md.shape, tp, pp, v, ep, st.schedule, r)
+        ri.numel = numel(ri.groups)
+        ri.states = mem.model_states(fam, ri.groups, dp, ep, precision, st.ds_knobs, detail)
+        ri.p, ri.g, ri.o, ri.x = max(ri.states, key=sum)
+        ri.total = ri.p + ri.g + ri.o + ri.x
+        ri.layers = per_stage_layers * len(ri.stages)
+        ri.first, ri.last = 0 in ri.stages, n_stages - 1 in ri.stages
+        lo.ranks.append(ri)
+    lo.psi_rank = max(ri.numel for ri in lo.ranks)
+    lo.ideal_bytes = mem.ideal_model_states(lo.psi_rank, dp, ideal_stage(st), precision)
 
-    # -- memory (max over ranks) -------------------------------------------------------------
-    def totals(states):
-        return [p + g + o for p, g, o, _ in states]
+    # activation bytes per sequence (every term is linear in the micro-batch size)
+    cfg = md.cfg
+    lo.act_seq = {c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in ("none", "selective", "full")}
+    lo.head_seq = act.head_bytes(md.s, 1, md.h, md.V, tp, True)
+    lo.logits_seq = 8 * md.s * md.V / head_div  # logits + their gradient, at the end of forward / start of backward
+    lo.unsharded_e = e if fam == "fsdp" else 4  # FSDP2 gathers params in param_dtype
+    lo.fsdp_block = lo.unsharded_e * (4 * md.h * md.h + 2 * md.h * md.d_ff) / tp
+    # forward+backward FLOPs per token of one layer (x3; full recompute x4; selective + the core)
+    lo.layer_fl = {"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
+                   "full": 4 * md.layer_flops / tp}
+    lo.head_fl = 3 * md.head_flops / head_div
 
-    worst = max(range(pp), key=lambda r: max(totals(per_pp[r][0])) + per_pp[r][1])
-    states, acts, _, _, groups, layers, _, last = per_pp[worst]
-    i_max = max(range(len(states)), key=lambda i: totals(states)[i])
-    p_b, g_b, o_b, master_b = states[i_max]
-    psi_rank = max(numel(x[4]) for x in per_pp)
-    model_states_b = p_b + g_b + o_b
-    unsharded_param_b = 4 * numel(groups)
-    buffers = (mem.comm_buffer_bytes(fam, st.zero_stage, g_b, st.bucket_bytes / 1024**2, st.ds_buckets)
+    # dp collectives of the pp rank with the most parameters: (coll, n, base bytes, scaling with m, when, link)
+    def link(coll, n, stride):
+        return comm.collective_link(hw, coll, n, stride * n <= lo.rpn)
+
+    busiest = max(lo.ranks, key=lambda ri: ri.numel)
+    grad_elem = 4 if (fam != "deepspeed" or precision == "fp32") else e
+    param_elem = e if fam in ("fsdp", "deepspeed") else 4
+    dense_g, expert_g = _grad_comm_bytes(st, busiest.groups, dp, ep, grad_elem)
+    dense_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "dense")
+    expert_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "expert")
+    n_units = busiest.layers + 1  # FSDP units / DeepSpeed gather groups: one per block + the root
+    lo.dp_ops = []
+    for n, pb, gb in ((dp, dense_p, dense_g), (dp // ep, expert_p, expert_g)):
+        if n <= 1 or (pb == 0 and gb == 0):
+            continue
+        for coll, size1, size_m, when in comm.dp_ops_scaling(fam, st.zero_stage, n, pb, gb, st.reshard_after_forward):
+            lk = link(coll, n, tp)
+            bucket = (st.ds_buckets[0] * grad_elem if st.ds_buckets else st.bucket_bytes)
+            lo.dp_ops.append((coll, n, size1, size_m, when, lk.alpha_s, lk.bw_Bps / comm.FACTOR[coll](n),
+                              comm.FACTOR[coll](n), bucket if when == "grad" else 0, pb, n_units))
+    lo.tp_link = link("all_reduce", tp, 1) if tp > 1 else None
+    lo.tp_calls_mb = max(4 * ri.layers + int(ri.first) + int(ri.last) for ri in lo.ranks)
+    lo.pp_link = link("send_recv", 2, dp * tp) if pp > 1 else None
+    lo.pp_sends_mb = max(comm.pp_sends(ri.stages, n_stages) for ri in lo.ranks)
+    lo.ep_link = link("all_to_all", ep, tp) if ep > 1 and md.E else None
+    lo.ep_layers = max(ri.layers for ri in lo.ranks)
+    return lo
+
+
+def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
+    """The prediction of a layout for micro-batch size mb, m micro-batches per step and a checkpointing mode."""
+    md, st, hw = lo.md, lo.st, lo.hw
+    dp, tp, pp, v, fam = lo.dp, lo.tp, lo.pp, lo.v, st.fam
+    tokens_mb = mb * md.s
+    layer_act = lo.act_seq[ckpt] * mb
+    layer_fl = lo.layer_fl[ckpt]
+
+    # -- memory: the worst rank --------------------------------------------------------------------
+    worst, worst_total, worst_acts, flops_mb = None, -1.0, 0.0, 0.0
+    for ri in lo.ranks:
+        acts = (ri.layers * layer_act + (lo.head_seq * mb if ri.last else 0)) * (
+            act.in_flight(st.schedule, pp, v, m, ri.r) if pp > 1 else 1.0)
+        if ri.total + acts > worst_total:
+            worst, worst_total, worst_acts = ri, ri.total + acts, acts
+        f = tokens_mb * (ri.layers * layer_fl + (lo.head_fl if ri.last else 0))
+        if f > flops_mb:
+            flops_mb = f
+    buffers = (mem.comm_buffer_bytes(fam, st.zero_stage, worst.g, 0, st.ds_buckets)
                if dp > 1 and (st.uses_ddp or fam == "deepspeed") else 0)
-    held = 0.0  # unsharded FSDP state held across forward/backward
-    transient = [8 * mb * md.s * md.V / (tp if head_sharded else 1) if last else 0.0]  # logits + their grad
+    held = 0.0  # unsharded FSDP state held across forward and backward
+    transient = lo.logits_seq * mb if worst.last else 0.0
     if fam == "fsdp" and dp > 1:
-        block = 4 * (4 * md.h * md.h + 2 * md.h * md.d_ff) / tp
-        transient.append(3 * block)  # this block's and the prefetched block's params + its grads
+        full = lo.unsharded_e * worst.numel
+        transient = max(transient, 3 * lo.fsdp_block)  # this unit's and the prefetched unit's params + its grads
         if not st.reshard_after_forward:
-            held += unsharded_param_b - p_b  # zero2: every block's full params from forward to backward
-        if m > 1:
-            held += unsharded_param_b - g_b  # accumulation without sync keeps unsharded grads
+            held += full - worst.p  # zero2: every block's full params from its forward to its backward
+        if m > 1:  # accumulation keeps grads unsharded (and params gathered) between micro-batches
+            held += (full - worst.g) + ((full - worst.p) if st.reshard_after_forward else 0)
     if ckpt == "full":
-        transient.append(act.layer_bytes(md.cfg, mb, tp, st.sp, precision, "none"))
-    peak_b = model_states_b + buffers + held + acts + max(transient)
+        transient = max(transient, lo.act_seq["none"] * mb)  # one block's activations while it is recomputed
+    peak_b = worst.total + buffers + held + worst_acts + transient
 
-    # -- compute -----------------------------------------------------------------------------------
-    t_mb = max(x[2] for x in per_pp) / rate_eff
+    # -- time --------------------------------------------------------------------------------------
+    t_mb = flops_mb / lo.rate_eff
     compute_s = m * t_mb
     bubble_s = pipe.bubble_units(st.schedule, pp, v, m) * t_mb / v
-    can_overlap = hw.device != "cpu"
+    overlap = lo.can_overlap
+    v_dp = t_dp = exposed = 0.0
+    for coll, n, size1, size_m, when, alpha, bw_eff, factor, bucket, pb, n_units in lo.dp_ops:
+        size = size1 + size_m * m
+        calls = max(1, math.ceil(size / bucket)) if bucket else max(1, round(size / max(pb, 1))) * n_units
+        t = calls * alpha + size / bw_eff
+        v_dp += factor * size
+        t_dp += t
+        if not overlap or when == "step" or not st.overlap_comm:
+            exposed += t
+        elif when == "grad":  # hides behind the backward that produces it, but for the last bucket
+            window = t_mb * 2 / 3 * (m if size_m else 1)
+            exposed += max(0.0, t - window) + t / calls
+        else:  # FSDP / ZeRO-3 all-gathers, prefetched behind compute but for the first unit
+            exposed += max(0.0, t - compute_s) + t / n_units
+    v_tp = t_tp = v_pp = t_pp = v_ep = t_ep = 0.0
+    if lo.tp_link is not None:
+        calls = m * lo.tp_calls_mb
+        size = calls * tokens_mb * md.h * lo.e
+        t_tp = calls * lo.tp_link.alpha_s + comm.FACTOR["all_reduce"](tp) * size / lo.tp_link.bw_Bps
+        v_tp = comm.FACTOR["all_reduce"](tp) * size
+        exposed += t_tp
+    if lo.pp_link is not None:
+        one = tokens_mb * md.h * lo.e_res
+        sends = lo.pp_sends_mb * m
+        t_pp = sends * (lo.pp_link.alpha_s + one / lo.pp_link.bw_Bps)
+        v_pp = sends * one
+        exposed += 2 * (pp - 1) * (lo.pp_link.alpha_s + one / lo.pp_link.bw_Bps) if overlap else t_pp
+    if lo.ep_link is not None:
+        calls = 4 * lo.ep_layers * m
+        size = calls * tokens_mb * md.k * md.h * 4
+        t_ep = calls * lo.ep_link.alpha_s + comm.FACTOR["all_to_all"](lo.ep) * size / lo.ep_link.bw_Bps
+        v_ep = comm.FACTOR["all_to_all"](lo.ep) * size
+        exposed += t_ep
 
-    # -- communication -----------------------------------------------------------------------------
-    def link(coll, n, stride):
-        return comm.collective_link(hw, coll, n, stride * n <= rpn)
-
-    vol = {"dp": 0.0, "tp": 0.0, "pp": 0.0, "ep": 0.0}
-    t_axis = {"dp": 0.0, "tp": 0.0, "pp": 0.0, "ep": 0.0}
-    exposed = x_max = 0.0
-    grad_elem = 4 if (fam != "deepspeed" or precision == "fp32") else e
-    param_elem = 4 if fam != "deepspeed" else e
-    n_blocks = per_stage_layers * len(per_pp[0][3]) + 1
-    for r_pp in range(pp):  # the dp traffic of the busiest pipeline rank counts
-        _, _, _, _, grp, _, _, _ = per_pp[r_pp]
-        dense_g, expert_g = _grad_comm_bytes(st, grp, dp, ep, grad_elem)
-        dense_p = param_elem * sum(c * d0 * r for c, d0, r, k in grp if k == "dense")
-        expert_p = param_elem * sum(c * d0 * r for c, d0, r, k in grp if k == "expert")
-        v_dp = t_dp = x_dp = 0.0
-        for n, pb, gb in ((dp, dense_p, dense_g), (dp // ep, expert_p, expert_g)):
-            if n <= 1 or (pb == 0 and gb == 0):
-                continue
-            for coll, size, when in comm.dp_ops(fam, st.zero_stage, n, m, pb, gb, st.reshard_after_forward):
-                lk = link(coll, n, tp)
-                if coll in ("all_reduce", "reduce_scatter") and when == "grad":
-                    bucket = st.ds_buckets[0] * grad_elem if st.ds_buckets else st.bucket_bytes
-                    calls = max(1, math.ceil(size / bucket))
-                else:
-                    calls = max(1, round(size / max(pb, 1)) * n_blocks)
-                t = comm.time_s(lk, coll, n, size, calls)
-                v_dp += comm.volume(coll, n, size)
-                t_dp += t
-                if not can_overlap or when == "step" or not st.overlap_comm:
-                    x_dp += t
-                elif when == "grad":
-                    window = t_mb * 2 / 3 * (m if fam == "deepspeed" and st.zero_stage >= 2 else 1)
-                    x_dp += max(0.0, t - window) + t / calls
-                else:  # FSDP all-gathers, prefetched
-                    x_dp += max(0.0, t - compute_s) + t / n_blocks
-        if t_dp >= t_axis["dp"]:
-            vol["dp"], t_axis["dp"], x_max = v_dp, t_dp, x_dp
-    exposed += x_max if t_axis["dp"] else 0.0
-
-    if tp > 1:  # per rank: 4 all-reduces per layer per micro-batch, +1 with the embedding, +1 with the head
-        calls = m * max(4 * x[5] + int(x[6]) + int(x[7]) for x in per_pp)
-        size = calls * mb * md.s * md.h * e
-        t = comm.time_s(link("all_reduce", tp, 1), "all_reduce", tp, size, calls)
-        vol["tp"], t_axis["tp"] = comm.volume("all_reduce", tp, size), t
-        exposed += t
-    if pp > 1:
-        sends = max(comm.pp_sends(x[3], n_stages) for x in per_pp)
-        one = mb * md.s * md.h * 4  # fp32 residual stream (autocast leaves it fp32)
-        lk = link("send_recv", 2, dp * tp)
-        t = comm.time_s(lk, "send_recv", 2, sends * m * one, sends * m)
-        vol["pp"], t_axis["pp"] = sends * m * one, t
-        exposed += comm.time_s(lk, "send_recv", 2, 2 * (pp - 1) * one, 2 * (pp - 1)) if can_overlap else t
-    if ep > 1 and md.E:
-        layers_r = max(x[5] for x in per_pp)
-        size = 4 * layers_r * m * mb * md.s * md.k * md.h * 4
-        t = comm.time_s(link("all_to_all", ep, tp), "all_to_all", ep, size, 4 * layers_r * m)
-        vol["ep"], t_axis["ep"] = comm.volume("all_to_all", ep, size), t
-        exposed += t
-
-    comm_s = sum(t_axis.values())
+    comm_s = t_dp + t_tp + t_pp + t_ep
     step_s = compute_s + bubble_s + exposed
-    tokens = mb * m * dp * md.s
-    out = {
+    tokens = tokens_mb * m * dp
+    return {
         "step_time_s": step_s,
         "tokens_per_s": tokens / step_s,
-        "tokens_per_s_per_device": tokens / step_s / world,
-        "params_bytes": p_b, "grads_bytes": g_b, "optimizer_bytes": o_b, "master_bytes": master_b,
-        "model_states_bytes": model_states_b,
-        "model_states_bytes_ideal": mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision),
-        "activations_bytes": acts,
+        "tokens_per_s_per_device": tokens / step_s / lo.world,
+        "params_bytes": worst.p, "grads_bytes": worst.g, "optimizer_bytes": worst.o, "master_bytes": worst.x,
+        "model_states_bytes": worst.total,
+        "model_states_bytes_ideal": lo.ideal_bytes,
+        "activations_bytes": worst_acts,
         "comm_buffer_bytes": buffers,
+        "fsdp_unsharded_bytes": held,
+        "transient_bytes": transient,
         "peak_mem_bytes": peak_b,
         "compute_time_s": compute_s,
         "bubble_time_s": bubble_s,
-        "bubble_pct": 100 * bubble_s / step_s if pp > 1 else 0.0,
-        "bubble_pct_schedule": pipe.bubble_pct(st.schedule, pp, v, m),
+        "bubble_pct": 100 * bubble_s / step_s,
         "comm_time_s": comm_s,
         "comm_exposed_time_s": exposed,
         "comm_share_pct": 100 * min(comm_s, step_s) / step_s,
         "comm_exposed_pct": 100 * exposed / step_s,
         "efficiency": compute_s / step_s,
-        "comm_dp_bytes": vol["dp"], "comm_tp_bytes": vol["tp"], "comm_pp_bytes": vol["pp"], "comm_ep_bytes": vol["ep"],
+        "comm_dp_bytes": v_dp, "comm_tp_bytes": v_tp, "comm_pp_bytes": v_pp, "comm_ep_bytes": v_ep,
+        "comm_dp_time_s": t_dp, "comm_tp_time_s": t_tp, "comm_pp_time_s": t_pp, "comm_ep_time_s": t_ep,
     }
-    if not detail:
-        return out
-    return _details(out, md, hw, st, dims=(dp, tp, pp, v, ep), per_pp=per_pp, m=m, mb=mb, precision=precision,
-                    ckpt=ckpt, world=world, rpn=rpn, slowdown=slowdown, rate_eff=rate_eff, t_axis=t_axis,
-                    psi_rank=psi_rank)
 
 
-def _details(out, md, hw, st, dims, per_pp, m, mb, precision, ckpt, world, rpn, slowdown, rate_eff, t_axis,
-             psi_rank) -> dict:
+def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
+             m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True) -> dict:
+    """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.predict)."""
+    lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail)
+    out = finish(lo, mb, m, ckpt)
+    return _details(out, lo, mb, m, ckpt) if detail else out
+
+
+def _details(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     """The figures only `predict` reports: FLOPs, rates, per-rank lists, Amdahl."""
     from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
 
-    dp, tp, pp, v, ep = dims
+    md, hw, st = lo.md, lo.hw, lo.st
+    dp, tp, world = lo.dp, lo.tp, lo.world
     gbs = mb * m * dp
     flops = model_flops_per_step(md.cfg, gbs)
     hw_flops = hardware_flops_per_step(md.cfg, gbs, ckpt)
     step = out["step_time_s"]
-    peak = hw.peak.get(PRECISION_KEY[precision])
-    one_device_s = hw_flops / (hw.rate.get(PRECISION_KEY[precision]) or hw.rate["fp32"])
+    pkey = PRECISION_KEY[lo.precision]
+    peak = hw.peak.get(pkey)
+    one_device_s = hw_flops / (hw.rate.get(pkey) or hw.rate["fp32"])
     speedup = one_device_s / step
     out.update({
         "params_total": md.params_total,
-        "params_per_rank": max(numel(x[4]) for x in per_pp),
+        "params_per_rank": lo.psi_rank,
         "model_flops_per_step": flops,
         "hardware_flops_per_step": hw_flops,
         "tokens_per_step": gbs * md.s,
@@ -316,33 +364,37 @@ def _details(out, md, hw, st, dims, per_pp, m, mb, precision, ckpt, world, rpn, 
         "tflops_per_device": flops / step / world / 1e12,
         "mfu_pct": 100 * flops / step / world / peak if peak else None,
         "hfu_pct": 100 * hw_flops / step / world / peak if peak else None,
-        "comm_dp_time_s": t_axis["dp"], "comm_tp_time_s": t_axis["tp"], "comm_pp_time_s": t_axis["pp"],
-        "comm_ep_time_s": t_axis["ep"],
+        "bubble_pct_schedule": pipe.bubble_pct(st.schedule, lo.pp, lo.v, m),
         "speedup_vs_one_device": speedup,
         "amdahl_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
-        "ranks_per_node": rpn,
-        "cpu_time_sharing_factor": slowdown,
-        "achievable_flops_per_rank": rate_eff,
+        "ranks_per_node": lo.rpn,
+        "cpu_time_sharing_factor": lo.slowdown,
+        "achievable_flops_per_rank": lo.rate_eff,
         "memory_family": st.fam,
         "fits_in_memory": out["peak_mem_bytes"] <= hw.memory_bytes,
         "memory_headroom_bytes": hw.memory_bytes - out["peak_mem_bytes"],
         "device_memory_bytes": hw.memory_bytes,
+        "peak_mem_kind": "predicted_tensor_peak",  # device tensors: on CUDA comparable with max_allocated
     })
     # per-rank lists in rank order: rank = pp_rank*(dp*tp) + dp_rank*tp + tp_rank
-    lists = {k: [] for k in (*MEM_KEYS, "model_states_bytes", "activations_bytes", "params_per_rank")}
-    for r_pp, (states, acts, _, _, groups, _, _, _) in enumerate(per_pp):
+    lists: dict = {k: [] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes",
+                                   "model_states_bytes", "activations_bytes")}
+    params_list = []
+    layer_act = lo.act_seq[ckpt] * mb
+    for ri in lo.ranks:
+        acts = act.in_flight(st.schedule, lo.pp, lo.v, m, ri.r) * (
+            ri.layers * layer_act + (lo.head_seq * mb if ri.last else 0))
         for d in range(dp):
-            p_b, g_b, o_b, _ = states[d]
+            p_b, g_b, o_b, x_b = ri.states[d]
             for _ in range(tp):
-                lists["params_bytes"].append(p_b)
-                lists["grads_bytes"].append(g_b)
-                lists["optimizer_bytes"].append(o_b)
-                lists["model_states_bytes"].append(p_b + g_b + o_b)
-                lists["activations_bytes"].append(acts)
-                lists["params_per_rank"].append(numel(groups))
+                for k, val in (("params_bytes", p_b), ("grads_bytes", g_b), ("optimizer_bytes", o_b),
+                               ("master_bytes", x_b), ("model_states_bytes", p_b + g_b + o_b + x_b),
+                               ("activations_bytes", acts)):
+                    lists[k].append(val)
+                params_list.append(ri.numel)
     for k, xs in lists.items():
-        out[f"{k}_per_rank" if not k.endswith("_per_rank") else "params_per_rank_list"] = xs
-    out["peak_mem_kind"] = "predicted_tensor_peak"  # device tensors (on CUDA comparable with max_allocated)
+        out[f"{k}_per_rank"] = xs
+    out["params_per_rank_list"] = params_list
     return out
 
 

@@ -22,8 +22,9 @@ params / grads / optimizer state, see harness/measure.py):
               the gradient partition and AdamW state on that partition (one step tensor). Stage 3:
               each param's partition ceil(numel/N) (params at or under
               stage3_param_persistence_threshold stay whole), fp32 master, grads and AdamW on it.
-              The master partition is counted in optimizer_bytes (the paper's K includes it) and
-              also reported as master_bytes.
+              The master partition is reported as master_bytes (as the DeepSpeed strategy measures
+              it), apart from optimizer_bytes; model_states_bytes is the sum of all four. (The
+              paper's K = 12 counts the master as optimizer state: model_states_bytes_ideal.)
 Expert tensors (kind "expert") are replicated over dp/ep ranks, so they shard over dp/ep.
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _shard_index(kind: str, dp_rank: int, ep: int) -> int:
     return dp_rank // ep if kind == "expert" else dp_rank  # ep is innermost within dp
 
 
-# -- one function per family: (groups, dp, ep, precision, knobs, dp_ranks) -> [(params, grads, opt, master)]
+# -- one function per family: (groups, dp, ep, precision, knobs, dp_ranks) -> [(params, grads, opt, master)] bytes
 
 def replicate(groups, dp, ep, precision, knobs, dp_ranks):
     n = numel(groups)
@@ -99,16 +100,16 @@ def deepspeed(groups, dp, ep, precision, knobs, dp_ranks):
     if stage == 0:
         if precision == "fp32":
             return replicate(groups, dp, ep, precision, knobs, dp_ranks)
-        # BF16_Optimizer / FP16 optimizer: 16-bit params and grads + fp32 master, fp32 grads, AdamW
-        one = (e * n, e * n + 4 * n, 4 * n + 8 * n + 4, 4 * n)
+        # BF16_Optimizer / FP16 optimizer: 16-bit params and grads, fp32 master and its grads, AdamW
+        one = (e * n, e * n + 4 * n, 8 * n + 4, 4 * n)
         return [one for _ in dp_ranks]
     if stage in (1, 2):
         align = 2 * dp  # nccl_start_alignment_factor (2) * dp: the flat buffer is padded to it
         part = -(-n // align) * align // dp
-        one = (e * n, 4 * part, 4 * part + 8 * part + 4, 4 * part)
+        one = (e * n, 4 * part, 8 * part + 4, 4 * part)
         return [one for _ in dp_ranks]
     part = sum(c * (d0 * r if d0 * r <= threshold else -(-(d0 * r) // dp)) for c, d0, r, _ in groups)
-    one = (e * part, 4 * part, 4 * part + 8 * part + 4, 4 * part)
+    one = (e * part, 4 * part, 8 * part + 4, 4 * part)
     return [one for _ in dp_ranks]
 
 

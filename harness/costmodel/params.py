@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-# tensor -> dimension split by tp (None: replicated). The TP developer's models/tp_plan.py is the
-# source of truth for what runs; keep this table in step with it.
+# tensor -> dimension split by tp (None: replicated): models/tp_plan.py's PLAN/SHARDED_DIM, restated
+# so the planner's inner loop needs no name matching (tests/test_costmodel.py checks they agree).
 TP_SHARD = {"tok_emb": 0, "pos_emb": None, "ln": None, "q": 0, "k": 0, "v": 0, "o": 1, "fc1": 0, "fc2": 1,
             "router": None, "head": 0}
 
@@ -38,8 +38,7 @@ def _local(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, int]:
     dims = list(shape)
     split = TP_SHARD[name]
     if split is not None and tp > 1:
-        assert dims[split] % tp == 0, (name, shape, tp)
-        dims[split] //= tp
+        dims[split] = -(-dims[split] // tp)  # torch.chunk: tp rank 0 holds ceil(d/tp), the most
     rest = 1
     for d in dims[1:]:
         rest *= d
@@ -79,11 +78,11 @@ def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: 
     n_stages = pp * vpp
     per_stage = L // n_stages
     groups: list = []
-    stages = sorted(stages_of_rank(pp_rank, pp, vpp, schedule))
-    blk = block_tensors(h, d_ff, E, tp, ep)
+    stages = stages_of_rank(pp_rank, pp, vpp, schedule)
+    n_blocks = per_stage * len(stages)
     if 0 in stages:
         groups += [(1, *_local("tok_emb", (V, h), tp), "dense"), (1, *_local("pos_emb", (s, h), tp), "dense")]
-    groups += [g for _ in range(per_stage * len(stages)) for g in blk]
+    groups += [(c * n_blocks, d0, r, kind) for c, d0, r, kind in block_tensors(h, d_ff, E, tp, ep)]
     if n_stages - 1 in stages:
         groups += [(2, *_local("ln", (h,), tp), "dense"), (1, *_local("head", (V, h), tp), "dense")]
     merged: dict = {}  # equal shapes merged: every sharding rule here depends on shapes only

@@ -183,7 +183,7 @@ def summarize_load(per_step: torch.Tensor, first_timed_step: int, num_timed_step
         "tokens_per_expert": per_step[..., :-1].tolist(),  # [step][layer][expert], routes before capacity
         "max_mean_ratio": [[round(v, 6) for v in row] for row in ratio.tolist()],  # [step][layer]
         "dropped_tokens": per_step[..., -1].tolist(),  # [step][layer], routes over capacity
-        "first_timed_step": first_timed_step,  # earlier entries are warm-up; later ones profiled steps
+        "first_timed_step": first_timed_step,  # earlier entries are warm-up steps
         "timed_max_mean_ratio_mean": float(ratio[timed].mean()) if ratio[timed].numel() else math.nan,
         "timed_max_mean_ratio_max": float(ratio[timed].max()) if ratio[timed].numel() else math.nan,
         "timed_dropped_tokens": int(per_step[timed, :, -1].sum()),

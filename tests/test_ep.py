@@ -25,7 +25,7 @@ def check_expert_load(rec: dict) -> dict:
     w = rec["config"]["workload"]
     load = rec["measured"]["expert_load"]
     assert load["first_timed_step"] == w["warmup_steps"]
-    assert len(load["tokens_per_expert"]) == w["warmup_steps"] + w["steps"] + w["profile_steps"]
+    assert len(load["tokens_per_expert"]) == w["warmup_steps"] + w["steps"]
     for step, dropped in zip(load["tokens_per_expert"], load["dropped_tokens"]):
         assert len(step) == N_LAYERS and all(len(layer) == N_EXPERTS for layer in step)
         # every token of the global batch routed to top_k experts, counted once (not per rank, not twice)

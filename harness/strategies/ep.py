@@ -30,6 +30,8 @@ once, after the timed steps, for `measured.expert_load`.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -91,6 +93,7 @@ class ExpertParallel(Strategy):
         self.optimizer = self.make_optimizer(self.model.parameters())
         self._load_steps: list[torch.Tensor] = []  # (L, E + 1) per step, this rank's routes
         self._load_step: torch.Tensor | None = None
+        self._sync = True  # gradient all-reduces on; off only for the profiled window's A/B steps
 
     # -- one step --------------------------------------------------------------------------
     def forward_loss(self, inputs, targets):
@@ -100,8 +103,9 @@ class ExpertParallel(Strategy):
         return loss
 
     def optimizer_step(self) -> None:
-        self._reduce_grads(self.dense_params, self.dp_group)
-        self._reduce_grads(self.expert_params, self.expert_group)
+        if self._sync:
+            self._reduce_grads(self.dense_params, self.dp_group)
+            self._reduce_grads(self.expert_params, self.expert_group)
         self._load_steps.append(self._load_step)
         self._load_step = None
         super().optimizer_step()
@@ -123,11 +127,25 @@ class ExpertParallel(Strategy):
                 p.grad.copy_(g)
 
     # -- measurement ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _no_grad_sync(self):
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def sync_disabled(self):
+        """Skip the gradient all-reduces (the A/B measurement of exposed communication). The token
+        all-to-alls stay: the forward cannot run without them."""
+        return self._no_grad_sync()
+
     def extra_measurements(self) -> dict:
-        load = torch.stack(self._load_steps)  # (steps, L, E + 1)
+        w = self.run.workload
+        # the loop's warm-up and timed steps; the profiled window's steps (run before this) are left out
+        load = torch.stack(self._load_steps[:w.warmup_steps + w.steps])  # (steps, L, E + 1)
         if self.dp_group is not None:  # every dp rank routed its own tokens: sum = the global batch
             dist.all_reduce(load, group=self.dp_group)
-        w = self.run.workload
         return {"expert_load": summarize_load(load.cpu(), w.warmup_steps, w.steps)}
 
 

@@ -90,6 +90,8 @@ def validate(run: RunConfig) -> ParallelDims:
     if w.steps < 1 or w.warmup_steps < 0:
         raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
 
+    if s.dp_shard not in ("fsdp", "ddp"):
+        raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: fsdp, ddp")
     if s.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
         raise ConfigError(f"unknown comm_hook '{s.comm_hook}'; available: none, fp16, bf16, powersgd")
     if s.comm_hook == "bf16" and hw.device != "cuda":
@@ -184,6 +186,10 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
         if m.n_experts:
             raise ConfigError(f"brigade's DeepSpeed pipeline builds dense blocks only; model {m.name} has "
                               f"{m.n_experts} experts: use strategy=ep or the torch engine")
+        if s.ds.wall_clock_breakdown:
+            raise ConfigError("DeepSpeed 0.19's pipeline engine fails with wall_clock_breakdown (its backward "
+                              "starts the bwd_microstep timer twice: 'timer has already been started'); "
+                              "use strategy.ds.comms_logger or brigade's profiler for the pipeline")
     if s.ds.cpu_adam:
         if s.offload == "none":
             raise ConfigError("strategy.ds.cpu_adam=true steps the optimizer on the host: it needs "

@@ -39,7 +39,6 @@ measured.deepspeed, not as model states.
 from __future__ import annotations
 
 import contextlib
-import json
 
 import torch
 import torch.distributed as dist
@@ -102,6 +101,7 @@ class DeepSpeedStrategy(Strategy):
         self._captured: dict[str, list[torch.Tensor]] | None = None
         self._host_bytes: dict[str, int] = {}
         self._grad_buffers_bytes = 0
+        self._ds_timer_steps: list[dict[str, float]] = []  # DeepSpeed's timers, one dict per step
         self._capture = True
         self.client_optimizer.register_step_post_hook(self._capture_states)
 
@@ -137,6 +137,8 @@ class DeepSpeedStrategy(Strategy):
             self.engine.backward(loss)  # scaled by 1/gradient_accumulation_steps inside
             self.engine.step()  # an optimizer step only at the accumulation boundary (the last one)
             total += loss.detach().float()
+        if self.run.strategy.ds.wall_clock_breakdown:
+            self._ds_timer_steps.append(self.read_ds_timers())
         assert self.engine.global_steps > 0 and self.engine.micro_steps % self.num_microbatches == 0
         return total / len(microbatches)  # mean over this rank's micro-batches, as the base returns
 
@@ -203,23 +205,31 @@ class DeepSpeedStrategy(Strategy):
             out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if torch.is_tensor(t)]
         return out
 
+    def read_ds_timers(self) -> dict[str, float]:
+        """DeepSpeed's global timers for the step just run, ms. The engine logs and resets them at
+        each accumulation boundary after caching their values (get_wall_clock_timers)."""
+        cache = self.engine.get_wall_clock_timers()
+        return {name: cache[name] for name in self.engine.engine_timers.global_timers if name in cache}
+
     def engine_timers(self) -> dict[str, float]:
-        """DeepSpeed's own wall-clock timers (wall_clock_breakdown): mean ms per call of each."""
-        timers = self.engine.timers
-        return {name: t.mean() if hasattr(t, "mean") else t.elapsed(reset=False) * 1e3
-                for name, t in getattr(timers, "timers", {}).items()}
+        """DeepSpeed's own timers (wall_clock_breakdown): mean ms per optimizer step over the timed steps."""
+        w = self.run.workload
+        timed = self._ds_timer_steps[w.warmup_steps:w.warmup_steps + w.steps]
+        names = sorted({n for step in timed for n in step})
+        return {f"{n}_ms": sum(step.get(n, 0.0) for step in timed) / len(timed) for n in names} if timed else {}
 
     def comms_summary(self) -> dict:
-        """DeepSpeed's comms logger: per collective and message size, count and mean latency/bandwidth."""
-        import deepspeed.comm as ds_comm
+        """DeepSpeed's comms logger (every collective through deepspeed.comm, timed synchronously):
+        per op and message size, calls and mean latency / bus bandwidth, over all steps so far."""
+        from deepspeed.comm import comm as ds_comm
 
-        out = {}
+        out = {"steps_covered": self.engine.global_steps}
         for op, sizes in ds_comm.comms_logger.comms_dict.items():
-            for size, (count, lats, algbws, busbws) in sizes.items():
-                out.setdefault(op, {})[str(size)] = {"count": count, "latency_ms_mean": sum(lats) / len(lats),
-                                                     "algbw_Gbps_mean": sum(algbws) / len(algbws),
-                                                     "busbw_Gbps_mean": sum(busbws) / len(busbws)}
-        return json.loads(json.dumps(out))
+            for size, (count, lats, algbws, busbws) in sorted(sizes.items()):
+                out.setdefault(op, {})[f"{size}B"] = {
+                    "count": count, "latency_ms_mean": sum(lats) / count,
+                    "busbw_GBps_mean": sum(busbws) / count / 8}  # DeepSpeed reports Gbit/s
+        return out
 
 
 class DeepSpeedMoE(DeepSpeedStrategy):

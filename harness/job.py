@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness import record as rec
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
+from harness.fidelity import ratios as fidelity_ratios
 
 # Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -71,6 +72,8 @@ def make_record(config: dict, run: RunConfig | None, dims: ParallelDims | None, 
         "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
         "measured": measured or {},
         "predicted": predicted or {},
+        # measured/predicted for every metric both have (harness/fidelity.py); W&B logs fidelity/*
+        "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == "ok" else {},
     }
 
 

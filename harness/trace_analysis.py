@@ -11,7 +11,8 @@ What counts as what, per rank, inside the profiled steps (the `brigade/step` ann
                  send/recv show on the main thread as the blocking wait for the transfer
                  CUDA/NCCL: the NCCL kernels on their stream
     compute  K = union of compute intervals, clipped to S
-                 CPU: main-thread operators (cpu_op) that are not communication or a wait on it
+                 CPU: main-thread operators (cpu_op), less the time inside communication operators
+                 or waits on them (a DTensor wait_tensor runs inside the aten op that needed it)
                  CUDA: every non-NCCL kernel
     overlapped = |C ∩ K|,  exposed = |C \\ K| = |C| - |C ∩ K|
     comm_share_pct = 100 |C| / |S|,   comm_exposed_pct = 100 |C \\ K| / |S|
@@ -74,6 +75,23 @@ def length(ivs) -> float:
     return sum(e - s for s, e in ivs)
 
 
+def subtract(a, b) -> list[tuple[float, float]]:
+    """a minus b (both unions)."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
 def intersect(a, b) -> list[tuple[float, float]]:
     """Intersection of two unions (each sorted and disjoint)."""
     out, i, j = [], 0, 0
@@ -111,18 +129,34 @@ def _numel(dims) -> int:
 
 
 def bus_bytes(coll: str, in_bytes: float, out_bytes: float, n: int) -> float:
-    """Bytes this rank sends for one collective, nccl-tests convention (busbw factors):
-    all_reduce 2(n-1)/n * S; all_gather (n-1)/n * S_out; reduce_scatter and all_to_all (n-1)/n * S_in;
-    broadcast, reduce and send S; recv 0 (the peer's send counts it)."""
+    """Bytes this rank sends for one collective, the cost model's convention (harness/costmodel/comm.py:
+    nccl-tests bus factors): all_reduce 2(n-1)/n * S; all_gather (n-1)/n * S_out; reduce_scatter and
+    all_to_all (n-1)/n * S_in; broadcast (n-1)/n * S (a ring broadcast, averaged over the ranks);
+    send S; recv 0 (the peer's send counts it)."""
+    if n <= 1 and coll != "send":
+        return 0.0
     if coll == "all_reduce":
         return 2 * (n - 1) / n * in_bytes
     if coll == "all_gather":
         return (n - 1) / n * max(out_bytes, in_bytes * n)
-    if coll in ("reduce_scatter", "all_to_all", "all_to_all_single"):
+    if coll in ("reduce_scatter", "all_to_all", "broadcast"):
         return (n - 1) / n * in_bytes
-    if coll in ("broadcast", "reduce", "send"):
+    if coll == "send":
         return float(in_bytes)
     return 0.0
+
+
+def logical_name(c10d_op: str) -> str | None:
+    """The collective the caller asked for, from the c10d operator that enqueued it
+    (c10d::_reduce_scatter_base_ -> reduce_scatter even where gloo runs it as an all-reduce)."""
+    n = c10d_op.split("::", 1)[-1].lower()
+    for key, name in (("reduce_scatter", "reduce_scatter"), ("allgather", "all_gather"), ("allreduce", "all_reduce"),
+                      ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"),
+                      ("send", "send"), ("recv", "recv"), ("reduce", "reduce"), ("gather", "gather"),
+                      ("scatter", "scatter")):
+        if key in n:
+            return name
+    return None
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -151,10 +185,13 @@ def analyse(trace: dict) -> dict:
         compute_ev = [e for e in events if e.get("cat") == "kernel" and not _NCCL_KERNEL.search(e["name"])]
     else:
         comm_ev = [e for e in events if e["name"].startswith("gloo:")]
-        compute_ev = [e for e in events if (e["pid"], e["tid"]) == main and e.get("cat") == "cpu_op"
-                      and not _NOT_COMPUTE.search(e["name"])]
+        on_main = [e for e in events if (e["pid"], e["tid"]) == main and e.get("cat") == "cpu_op"]
+        compute_ev = [e for e in on_main if not _NOT_COMPUTE.search(e["name"])]
+        blocked_ev = [e for e in on_main if _NOT_COMPUTE.search(e["name"])]
     span = lambda evs: union((e["ts"], e["ts"] + e["dur"]) for e in evs)  # noqa: E731
     compute = intersect(span(compute_ev), steps)
+    if not cuda:  # a wait inside an operator (DTensor waits inside aten::add) is not compute
+        compute = subtract(compute, span(blocked_ev))
     comm = intersect(span(comm_ev), steps)
     overlapped = intersect(comm, compute)
 
@@ -168,11 +205,12 @@ def analyse(trace: dict) -> dict:
            "comm_exposed_pct": 100 * (comm_s - overlap_s) / step_s if step_s else 0.0,
            "device": "cuda" if cuda else "cpu"}
 
-    axis_of = attribute(comm_ev, meta, trace.get("baseTimeNanoseconds", 0), cuda)
+    entries = flight_entries(trace, events, steps)
+    label = attribute(comm_ev, entries, meta, cuda)
     by_axis: dict = defaultdict(dict)
     groups: dict = defaultdict(list)
     for e in comm_ev:
-        groups[(axis_of[id(e)], collective_name(e["name"]))].append(e)
+        groups[label[id(e)]].append(e)
     for (axis, coll), evs in sorted(groups.items()):
         in_window = [e for e in evs if _inside(e["ts"], steps)]
         if not in_window:
@@ -186,9 +224,9 @@ def analyse(trace: dict) -> dict:
         ivs = intersect(span([e for (a, _), evs in groups.items() if a == axis for e in evs]), steps)
         axis_totals[axis] = {"time_s": length(ivs) / n_steps / 1e6,
                              "exposed_s": (length(ivs) - length(intersect(ivs, compute))) / n_steps / 1e6}
-    # Bytes: from the flight recorder's entries of the profiled steps (each names its group and sizes),
-    # plus point-to-point from the trace (gloo's recorder does not log send/recv).
-    for (axis, coll), b in count_bytes(trace, meta, steps, n_steps, cuda).items():
+    # Bytes: the flight recorder's entries of the profiled steps (each names its group and sizes),
+    # plus point-to-point from the trace where the recorder has none (gloo does not log send/recv).
+    for (axis, coll), b in count_bytes(trace, entries, meta, steps, n_steps).items():
         slot = by_axis[axis].setdefault(coll, {"time_s": 0.0, "exposed_s": 0.0, "count": 0.0})
         slot.update(b)
     out["comm_by_axis"] = {a: dict(v) for a, v in by_axis.items()}
@@ -213,91 +251,108 @@ def _entry_numel(entry: dict) -> int:
     return sum(_numel(s) for s in entry.get("input_sizes") or [])
 
 
-def attribute(comm_ev: list[dict], meta: dict, base_ns: float, cuda: bool) -> dict[int, str]:
-    """id(event) -> axis, by matching events with flight-recorder entries (see the module docstring)."""
-    entries = [e for e in meta.get("fr_entries", []) if not e.get("is_p2p")]
-    used = [False] * len(entries)
-    out: dict[int, str] = {}
-    tid_axis: dict = {}
-    p2p_axis = meta.get("p2p_axis", "unknown")
-    for ev in sorted(comm_ev, key=lambda e: e["ts"]):
-        coll = collective_name(ev["name"])
-        if coll in P2P or coll == "send_recv":
-            args = ev.get("args", {})
-            pg = args.get("Process Group Name")
-            out[id(ev)] = _pg_axis(meta, pg, coll) if pg is not None else p2p_axis
-            continue
-        args = ev.get("args", {})
-        if args.get("Process Group Name") is not None:  # NCCL kernels may carry their group directly
-            out[id(ev)] = _pg_axis(meta, args["Process Group Name"], coll)
-            continue
-        start_ns = base_ns + ev["ts"] * 1000
-        dims = args.get("Input Dims")
-        numel = _numel(dims[0]) if dims and isinstance(dims[0], list) and not cuda else None
-        best = None
-        for i, en in enumerate(entries):
-            if used[i] or collective_name(en.get("profiling_name", "")) != coll:
-                continue
-            if en.get("time_created_ns", 0) > start_ns + 2e6:  # created after the event began (2 ms slack)
-                break
-            if numel is not None and _entry_numel(en) != numel:
-                continue
-            best = i
-            break
-        if best is not None:
-            used[best] = True
-            axis = _pg_axis(meta, (entries[best].get("process_group") or ["?"])[0], coll)
-            tid_axis[(ev["pid"], ev["tid"])] = axis
-        else:
-            axis = tid_axis.get((ev["pid"], ev["tid"]), "unknown")
-        out[id(ev)] = axis
-    return out
-
-
 def _inside(ts: float, steps) -> bool:
     return any(s <= ts < e for s, e in steps)
 
 
-def count_bytes(trace: dict, meta: dict, steps, n_steps: int, cuda: bool) -> dict:
-    """(axis, collective) -> {bytes, msg_bytes, calls} per step. `bytes`: bus bytes this rank sends
-    (bus_bytes); `msg_bytes`: the message size as the caller passed it."""
-    sizes = {str(k): len(v) for k, v in meta.get("pg_ranks", {}).items()}
+def flight_entries(trace: dict, events: list[dict], steps) -> list[dict]:
+    """The flight recorder's entries (saved by profiling.py) made inside the profiled steps, each with
+    the collective as run (`run`), as asked for (`coll`, from the enclosing c10d operator), its
+    process group, group size and element count, in the order they were enqueued."""
+    meta = trace.get("brigade", {})
     base_ns = trace.get("baseTimeNanoseconds", 0)
-    acc: dict = defaultdict(lambda: {"bytes": 0.0, "msg_bytes": 0.0, "calls": 0})
+    sizes = {str(k): len(v) for k, v in meta.get("pg_ranks", {}).items()}
+    ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e["name"].startswith("c10d::"))
+    out = []
     for en in meta.get("fr_entries", []):
-        if not _inside((en.get("time_created_ns", 0) - base_ns) / 1000, steps):
+        t_us = (en.get("time_created_ns", 0) - base_ns) / 1000  # the trace's clock: base + ts microseconds
+        if not _inside(t_us, steps):
             continue  # enqueued outside the profiled steps (the barrier between them)
-        coll = collective_name(en.get("profiling_name", ""))
-        pg = (en.get("process_group") or ["?"])[0]
-        el = dtype_bytes((en.get("input_dtypes") or ["float"])[0])
-        in_b = _entry_numel(en) * el
-        out_b = sum(_numel(s) for s in en.get("output_sizes") or []) * dtype_bytes(
+        run = collective_name(en.get("profiling_name", ""))
+        enclosing = [name for s, e, name in ops if s <= t_us <= e]
+        coll = (logical_name(enclosing[-1]) if enclosing else None) or run
+        pg = str((en.get("process_group") or ["?"])[0])
+        in_b = _entry_numel(en) * dtype_bytes((en.get("input_dtypes") or ["float"])[0])
+        out_b = sum(_numel(x) for x in en.get("output_sizes") or []) * dtype_bytes(
             (en.get("output_dtypes") or en.get("input_dtypes") or ["float"])[0])
-        n = sizes.get(str(pg), 1)
-        if n <= 1 and coll not in P2P:
+        out.append({"run": run, "coll": coll, "pg": pg, "n": sizes.get(pg, 1), "numel": _entry_numel(en),
+                    "created_us": t_us, "in_bytes": in_b, "out_bytes": out_b, "p2p": bool(en.get("is_p2p"))})
+    return out
+
+
+def attribute(comm_ev: list[dict], entries: list[dict], meta: dict, cuda: bool) -> dict[int, tuple[str, str]]:
+    """id(event) -> (axis, collective), matching each event with the flight-recorder entry that enqueued
+    it: same collective as run, same element count (gloo events record their shapes), created before
+    the event started, earliest first (see the module docstring)."""
+    used = [False] * len(entries)
+    out: dict[int, tuple[str, str]] = {}
+    tid_axis: dict = {}
+    p2p_axis = meta.get("p2p_axis", "unknown")
+    for ev in sorted(comm_ev, key=lambda e: e["ts"]):
+        run = collective_name(ev["name"])
+        args = ev.get("args", {})
+        if args.get("Process Group Name") is not None:  # NCCL kernels may carry their group directly
+            out[id(ev)] = (_pg_axis(meta, args["Process Group Name"], run), run)
             continue
-        slot = acc[(_pg_axis(meta, pg, coll), coll)]
-        slot["bytes"] += bus_bytes(coll, in_b, out_b, n)
-        slot["msg_bytes"] += in_b
+        if run in P2P or run == "send_recv":
+            out[id(ev)] = (p2p_axis, run)
+            continue
+        dims = args.get("Input Dims")
+        numel = _numel(dims[0]) if dims and isinstance(dims[0], list) and not cuda else None
+        best = None
+        for i, en in enumerate(entries):
+            if used[i] or en["p2p"] or en["run"] != run:
+                continue
+            if en["created_us"] > ev["ts"] + 2000:  # enqueued after this event began (2 ms clock slack)
+                break
+            if numel is None or en["numel"] == numel:
+                best = i
+                break
+        if best is not None:
+            used[best] = True
+            en = entries[best]
+            label = (_pg_axis(meta, en["pg"], en["coll"]), en["coll"])
+            tid_axis[(ev["pid"], ev["tid"])] = label[0]
+        else:
+            label = (tid_axis.get((ev["pid"], ev["tid"]), "unknown"), run)
+        out[id(ev)] = label
+    return out
+
+
+def count_bytes(trace: dict, entries: list[dict], meta: dict, steps, n_steps: int) -> dict:
+    """(axis, collective) -> {bytes, msg_bytes, calls} per step. `bytes`: what this rank sends for the
+    collective asked for (bus_bytes); `bytes_as_run` where the backend ran another one (gloo runs a
+    reduce-scatter as an all-reduce of the whole input); `msg_bytes`: the input as the caller gave it."""
+    acc: dict = defaultdict(lambda: {"bytes": 0.0, "bytes_as_run": 0.0, "msg_bytes": 0.0, "calls": 0})
+    for en in entries:
+        if en["n"] <= 1 and not en["p2p"]:
+            continue
+        slot = acc[(_pg_axis(meta, en["pg"], en["coll"]), en["coll"])]
+        slot["bytes"] += bus_bytes(en["coll"], en["in_bytes"], en["out_bytes"], en["n"])
+        slot["bytes_as_run"] += bus_bytes(en["run"], en["in_bytes"], en["out_bytes"], en["n"])
+        slot["msg_bytes"] += en["in_bytes"]
         slot["calls"] += 1
-    if not any(en.get("is_p2p") for en in meta.get("fr_entries", [])) and not cuda:
+    if not any(en["p2p"] for en in entries):
         # gloo: send/recv from the trace (shapes recorded), inside the profiled steps
         for e in trace["traceEvents"]:
-            name = str(e.get("name", ""))
-            if e.get("ph") != "X" or name not in ("gloo:send", "gloo:recv"):
-                continue
-            if not _inside(e["ts"], steps):
+            if e.get("ph") != "X" or e.get("name") not in ("gloo:send", "gloo:recv") or not _inside(e["ts"], steps):
                 continue
             args = e.get("args", {})
             dims = args.get("Input Dims") or [[]]
             b = sum(_numel(d) for d in dims if isinstance(d, list)) * dtype_bytes((args.get("Input type") or ["float"])[0])
-            coll = collective_name(name)
+            coll = collective_name(e["name"])
             slot = acc[(meta.get("p2p_axis", "unknown"), coll)]
             slot["bytes"] += bus_bytes(coll, b, b, 2)
+            slot["bytes_as_run"] += bus_bytes(coll, b, b, 2)
             slot["msg_bytes"] += b
             slot["calls"] += 1
-    return {k: {"bytes": v["bytes"] / n_steps, "msg_bytes": v["msg_bytes"] / n_steps, "calls": v["calls"] / n_steps}
-            for k, v in acc.items()}
+    out = {}
+    for k, v in acc.items():
+        row = {"bytes": v["bytes"] / n_steps, "msg_bytes": v["msg_bytes"] / n_steps, "calls": v["calls"] / n_steps}
+        if abs(v["bytes_as_run"] - v["bytes"]) > 1e-6 * max(1.0, v["bytes"]):
+            row["bytes_as_run"] = v["bytes_as_run"] / n_steps
+        out[k] = row
+    return out
 
 
 # -- across ranks (parent side) -----------------------------------------------------------------
@@ -328,6 +383,8 @@ def merge_ranks(per_rank: list[dict]) -> dict:
                              "count": max(x.get("count", 0.0) for x in rows),
                              "bytes": max(x.get("bytes", 0.0) for x in rows),
                              "msg_bytes": max(x.get("msg_bytes", 0.0) for x in rows)}
+            if any("bytes_as_run" in x for x in rows):
+                by_axis[a][c]["bytes_as_run"] = max(x.get("bytes_as_run", x.get("bytes", 0.0)) for x in rows)
     out["comm_by_axis"] = by_axis
     out["comm_share_by_axis_pct"] = {a: mean([100 * r.get("comm_time_by_axis_s", {}).get(a, 0.0)
                                               / r["profiled_step_time_s"] for r in per_rank]) for a in axes}

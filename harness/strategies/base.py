@@ -100,12 +100,11 @@ class Strategy:
     def sync_disabled(self):
         """A context under which train_step skips gradient synchronisation, or None where the strategy
         has no such switch. Used only by the A/B measurement of exposed communication, after the timed
-        steps (harness/profiling.py). Default: DDP's no_sync, FSDP2's set_requires_gradient_sync."""
-        m = self.model
-        if isinstance(m, torch.nn.parallel.DistributedDataParallel):
-            return m.no_sync()
-        if callable(getattr(m, "set_requires_gradient_sync", None)):  # FSDP2 (fully_shard) root
-            return _fsdp_no_sync(m)
+        steps (harness/profiling.py). Default: DDP's no_sync. Not FSDP: without gradient sync FSDP2
+        leaves the sharded grads empty, so the optimizer step is skipped too and the difference
+        would not be communication alone."""
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            return self.model.no_sync()
         return None
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -115,15 +114,6 @@ class Strategy:
         grads = [p.grad for p in params if p.grad is not None]
         opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
         return {"params": params, "grads": grads, "optimizer": opt}
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(module):
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
 
 
 STRATEGY = Strategy

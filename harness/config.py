@@ -92,6 +92,7 @@ class WorkloadConfig:
     warmup_steps: int = 3  # excluded from every statistic
     steps: int = 10  # timed steps (statistics need at least 10)
     profile_steps: int = 2  # profiled steps, after and apart from the timed ones (0 = none)
+    compile: bool = False  # torch.compile the trained model (nn.Module.compile, after the strategy's setup)
     seed: int = 1234
     lr: float = 1e-3
     weight_decay: float = 0.0

@@ -56,10 +56,20 @@ def peak_memory(device: torch.device) -> dict[str, int | str]:
     if device.type == "cuda":
         return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device),
                 "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device),
-                "peak_mem_kind": "cuda_max_allocated"}
+                "peak_mem_kind": "cuda_max_allocated", **nvml_memory(device)}
     # Linux reports ru_maxrss in KiB. Whole-process peak RSS, not tensor memory: a sanity figure.
     return {"peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_mem_kind": "cpu_peak_rss"}
+
+
+def nvml_memory(device: torch.device) -> dict[str, int]:
+    """Device memory in use as NVML sees it (allocator reserve + CUDA context + other processes),
+    read once after the timed steps (torch.cuda.device_memory_used maps CUDA_VISIBLE_DEVICES to
+    NVML's index); {} without nvidia-ml-py, which is optional (`pip install nvidia-ml-py`)."""
+    try:
+        return {"device_mem_used_nvml_bytes": int(torch.cuda.device_memory_used(device))}
+    except Exception:  # noqa: BLE001 - NVML is a cross-check, never a reason to fail a run
+        return {}
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -80,18 +90,26 @@ def step_stats(step_times: list[float]) -> dict[str, float]:
 
 
 class Clock:
-    """Wall time of a region with the device synchronised at both ends (CUDA events would avoid
-    the host sync, but the host sync is what bounds a training step anyway)."""
+    """Time of a region with the device synchronised at both ends. On CUDA the elapsed time is the
+    device's, from CUDA events recorded around the region (what the GPU spent, launch gaps
+    included); the host wall time is kept as `host_elapsed`. On CPU both are the wall time."""
 
     def __init__(self, device: torch.device):
         self.device = device
 
     def __enter__(self):
         synchronize(self.device)
+        if self.device.type == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.events[1].record()
         synchronize(self.device)
-        self.elapsed = time.perf_counter() - self.t0
+        self.host_elapsed = self.elapsed = time.perf_counter() - self.t0
+        if self.device.type == "cuda":
+            self.elapsed = self.events[0].elapsed_time(self.events[1]) / 1e3  # ms -> s
         return False

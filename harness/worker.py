@@ -110,6 +110,8 @@ def _run(run_dir: Path, rank: int) -> None:
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
     strategy = strategies.load(run.strategy)(run, dims, mesh, device, run_dir)
     strategy.setup(model)
+    if run.workload.compile:  # in place, after wrapping/sharding: the strategy keeps its module
+        strategy.model.compile()
     if run.fault == "crash_rank1" and rank == 1:
         raise RuntimeError("fault injection: rank 1 crashed on purpose (fault=crash_rank1)")
     if run.fault == "hang_rank1" and rank == 1:

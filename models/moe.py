@@ -35,6 +35,15 @@ and each expert runs on its own rows, so no FLOPs go to padding. Each row's resu
 `self.dispatch` runs the experts on the expert-sorted rows; the default runs them all here, and
 expert parallelism (harness/strategies/ep.py) replaces it with an all-to-all exchange.
 
+The same layer in DeepSpeed (tests/test_moe.py checks outputs, aux loss, drops and gradients):
+    deepspeed.moe.layer.MoE(h, expert=models.gpt.MLP(h, d_ff, dropout), num_experts=E, ep_size=ep, k=top_k,
+        capacity_factor=cf or 1.0, eval_capacity_factor=cf or 1.0, min_capacity=MIN_CAPACITY,
+        drop_tokens=cf > 0, use_rts=False, noisy_gate_policy=None, top2_2nd_expert_sampling=False)
+    weights: mlp.router.weight -> deepspeed_moe.gate.wg.weight; mlp.experts.<e> ->
+    deepspeed_moe.experts.deepspeed_experts[e - ep_rank * E/ep] (ep rank r holds experts r*E/ep .. (r+1)*E/ep - 1,
+    in DeepSpeed as here). Its defaults differ: top2_2nd_expert_sampling=True adds Gumbel noise to the
+    second choice, use_rts=True picks dropped tokens at random.
+
 Expert load of the last forward is kept in `self.last_load`: tokens_per_expert (E,) = routes
 assigned to each expert before the capacity limit (sums to S*k), dropped (routes over capacity).
 """

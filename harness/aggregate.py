@@ -33,6 +33,10 @@ def aggregate(run, dims, measurement: dict) -> dict:
         per_rank = [r["memory"].get(key, 0) for r in ranks]
         out[key] = max(per_rank)
         out[f"{key}_per_rank"] = per_rank
+    for key in ("peak_mem_reserved_bytes", "device_mem_used_nvml_bytes"):  # CUDA only (harness/measure.py)
+        per_rank = [r["memory"][key] for r in ranks if key in r["memory"]]
+        if per_rank:
+            out[key], out[f"{key}_per_rank"] = max(per_rank), per_rank
     out["peak_mem_kind"] = ranks[0]["memory"].get("peak_mem_kind")
     out["losses"] = ranks[0]["losses"]
     out["warmup_steps"] = run.workload.warmup_steps

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# brigade on NVIDIA GPUs: the single-device study (and its MFU), and with 4+ GPUs the dp_vs_3d study.
+# Every run ends in a record (results/<study>.jsonl), like any other brigade run.
+#
+#   scripts/gpu_check.sh                      # HW=h100_sxm: the profile whose peak TFLOPs MFU uses
+#   HW=a100_80g scripts/gpu_check.sh          # a100_80g | h100_sxm | h200 (conf/hardware/)
+#   COMPILE=true scripts/gpu_check.sh         # also with torch.compile (workload.compile=true)
+#
+# Needs a CUDA build of torch in .venv (install it before `make install`: see README) and, for the
+# NVML memory reading, nvidia-ml-py (installed here if missing). What it runs:
+#   1. gpu_single: strategy=single, bf16-mixed, model gpt2_124m and gpt_1_3b (10 timed steps each,
+#      step time from CUDA events, peak memory from max_memory_allocated/reserved and NVML, comm 0)
+#   2. with 4 or more GPUs: experiment=dp_vs_3d on this hardware (NCCL; comm share from NCCL kernels)
+#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.fidelity)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+HW=${HW:-h100_sxm}
+COMPILE=${COMPILE:-false}
+RESULTS=${RESULTS:-results}
+LOGGER=${LOGGER:-wandb}   # W&B offline by default; LOGGER=none for none
+
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$NGPU" -lt 1 ]; then
+  echo "no CUDA device visible to torch $($PY -c 'import torch; print(torch.__version__)'): install a CUDA build of torch into $PY's environment first" >&2
+  exit 1
+fi
+$PY -c "import pynvml" 2>/dev/null || $PY -m pip install -q nvidia-ml-py==13.615.71
+echo "== $NGPU GPU(s): $($PY -c 'import torch; print(torch.cuda.get_device_name(0))'), hardware profile $HW, compile=$COMPILE"
+
+COMPILES=false
+[ "$COMPILE" = "true" ] && COMPILES=false,true
+# 1. one device. global batch 8 in micro-batches of 4 (gpt_1_3b at s=2048 fits 80 GB with room);
+#    the sweep crosses the two models with compile off (and on).
+$PY -m harness -m study=gpu_single hardware="$HW" strategy=single "model=gpt2_124m,gpt_1_3b" \
+  workload.precision=bf16-mixed workload.global_batch_size=8 workload.micro_batch_size=4 \
+  "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS"
+
+# 2. several devices: the parallel strategies side by side (world 4), on this hardware.
+if [ "$NGPU" -ge 4 ]; then
+  $PY -m harness experiment=dp_vs_3d hardware="$HW" logger="$LOGGER" results_dir="$RESULTS"
+else
+  echo "== $NGPU GPU(s): dp_vs_3d needs 4, skipped"
+fi
+
+# 3. the numbers
+$PY - "$RESULTS" <<'PYEOF'
+import sys
+from pathlib import Path
+from harness.record import latest_by_run_id, read
+for study in ("gpu_single", "dp_vs_3d"):
+    path = Path(sys.argv[1]) / f"{study}.jsonl"
+    if not path.exists():
+        continue
+    print(f"\n{study}: strategy model compile | step s (p10-p90) | tokens/s | MFU % | peak alloc GiB | NVML GiB | comm %")
+    for r in latest_by_run_id(read(path)).values():
+        c, m = r["config"], r["measured"]
+        if r["status"] != "ok":
+            print(f"  {r['strategy']} {c['model']['name']}: {r['status']} {str(r.get('error'))[:200]}")
+            continue
+        gib = lambda b: f"{b / 2**30:.1f}" if b else "-"
+        print(f"  {r['strategy']} {c['model']['name']} {c['workload'].get('compile')} | {m['step_time_s']:.4f} "
+              f"({m['step_time_s_p10']:.4f}-{m['step_time_s_p90']:.4f}) | {m['tokens_per_s']:.0f} | "
+              f"{m.get('mfu_pct') or 0:.1f} | {gib(m.get('peak_mem_bytes'))} | {gib(m.get('device_mem_used_nvml_bytes'))} "
+              f"| {m.get('comm_share_pct', 0):.1f}")
+PYEOF
+for study in gpu_single dp_vs_3d; do
+  [ -f "$RESULTS/$study.jsonl" ] && { echo; echo "== $study: measured / predicted"; $PY -m harness.fidelity "$RESULTS/$study.jsonl"; }
+done

@@ -33,7 +33,23 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Modu
 
     names = [name for name, _ in model.named_modules() if name]
     plan = parallel_styles(names, run.strategy.sequence_parallel, run.strategy.loss_parallel)
-    return parallelize_module(model, tp_mesh, plan)
+    model = parallelize_module(model, tp_mesh, plan)
+    for p in model.parameters():
+        if hasattr(p, "placements"):
+            p.register_hook(_grad_like_param(p))
+    return model
+
+
+def _grad_like_param(param):
+    """DTensor has no vocab-sharded rule for the embedding's backward: the vocab-parallel embedding's
+    grad comes out Replicate, the full (V, h) on every rank, and would be kept so (and redistributed
+    at every optimizer step). Give every grad its parameter's placements as it is produced: for
+    Replicate -> Shard(0) a local slice, no communication; only the transient grad is full-size."""
+    def hook(grad):
+        if grad.placements != param.placements:
+            return grad.redistribute(param.device_mesh, param.placements)
+        return grad
+    return hook
 
 
 def loss_parallel_context(run, tp_mesh):

@@ -61,4 +61,8 @@ def environment(ranks: list[dict]) -> dict:
     env = dict(ranks[0]["env"])
     env["hosts"] = sorted({r["env"]["hostname"] for r in ranks})
     env["num_hosts"] = len(env["hosts"])
+    # Nodes: SLURM's node names where there are any (virtual nodes share a hostname), else hosts.
+    env["nodes"] = sorted({r["env"].get("slurm_node") or r["env"]["hostname"] for r in ranks})
+    env["num_nodes"] = len(env["nodes"])
+    env.pop("slurm_node", None)  # per rank, not per run: the list above holds them all
     return env

@@ -90,6 +90,29 @@ def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:
     raise RuntimeError(f"too many attempts of {name} in {base}")
 
 
+def _slurm_job(run: RunConfig) -> str | None:
+    """The SLURM job id when this is a launcher=slurm job's task, else None."""
+    if run.launcher.name != "slurm" or "SLURM_JOB_ID" not in os.environ:
+        return None
+    from launch.slurm import slurm_job_id
+
+    return slurm_job_id()
+
+
+def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str) -> Path:
+    """One dir per SLURM job (a requeued job gets a new one: its restart count is in the name)."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    d = Path(run.results_dir) / "runs" / run.study / f"{name}.slurm{slurm_job}{f'.r{restarts}' if restarts else ''}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _skip_existing(config: dict, run: RunConfig) -> dict | None:
     """Resume: in a named study, a config that already has a finished record is not run again
     (rerun=failed re-runs failed/timeout/oom ones, rerun=all everything)."""
@@ -136,10 +159,17 @@ def run_job(cfg: DictConfig) -> dict:
         record = make_record(config, run, dims_or_none, "invalid", str(e))
         return _finish(record, run.results_dir, run, None)
 
-    run_dir = _fresh_run_dir(run.results_dir, run.study, f"{run.strategy.name}-{dims.label()}-{rec.run_id(config)}")
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
-    (run_dir / "prediction.json").write_text(json.dumps(predicted, indent=1))
+    name = f"{run.strategy.name}-{dims.label()}-{rec.run_id(config)}"
+    slurm_job = _slurm_job(run)
+    # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
+    # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
+    # its files are written atomically (all nodes write the same content; workers read them).
+    run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
+    _write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(config)))
+    _write_atomic(run_dir / "prediction.json", json.dumps(predicted, indent=1))
     status, error, measured, env = _launch_and_collect(run, dims, run_dir)
+    if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
+        env = {**env, "slurm_job": slurm_job}
     record = make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
     return _finish(record, run.results_dir, run, run_dir)
 
@@ -200,6 +230,11 @@ def _tail(path: Path, n: int = 15) -> str:
 
 
 def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None) -> dict:
+    if run is not None and _slurm_job(run):
+        from launch.slurm import task_rank
+
+        if task_rank() != 0:  # launcher=slurm: the other nodes' tasks ran their ranks; task 0 records
+            return record
     log_wandb = run is not None and run_dir is not None and record["status"] == "ok" and run.logger.name == "wandb"
     if log_wandb:
         from harness.wandb_log import run_identity

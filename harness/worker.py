@@ -31,6 +31,9 @@ def _environment(device) -> dict:
 
     env = {"torch": torch.__version__, "hostname": socket.gethostname(), "device_type": device.type,
            "cpu_count": os.cpu_count()}
+    # Under SLURM the node a rank ran on: two virtual nodes of one machine share a hostname.
+    env["slurm_node"] = os.environ.get("SLURMD_NODENAME")
+    env["slurm_job_nodelist"] = os.environ.get("SLURM_JOB_NODELIST")
     try:
         from importlib.metadata import version
 

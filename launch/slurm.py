@@ -1,0 +1,301 @@
+"""launcher=slurm: one SLURM job per config, submitted by Hydra's submitit launcher.
+
+Two halves, one on each side of sbatch:
+
+    sweep process (login node)                       SLURM job, one task per node
+    --------------------------                       ----------------------------
+    BrigadeSlurmLauncher.launch(jobs)                submitit runs harness.job.run_job (Hydra job)
+      compose each job -> its own resources            -> launch.slurm.execute on every node:
+      (nodes, CPUs = ranks x cpus_per_task, GPUs)         torchrun --nnodes N --node-rank SLURM_NODEID
+      skip/invalid jobs: run here, no sbatch              c10d rendezvous on the job's first node
+      sbatch one array per resource set                 task 0 writes the record (harness.job)
+      poll sacct (via submitit) -> JobReturn per job
+
+Why one task per node running torchrun (not one task per rank): the ranks of a node are then
+started, watched and killed exactly as with launcher=local (same argv, same process-group
+wall-clock limit, same per-rank error files), torchrun supplies LOCAL_RANK and tears the node's
+ranks down when one of them dies, and brigade's parent work (validate, predict, run dir, record)
+runs once per node rather than once per rank. See launch/README.md.
+
+Why a launcher subclass: the stock submitit launcher submits all jobs of a sweep as one array with
+one set of resources and raises on the first failed job (losing the rest of the sweep's results).
+A study mixes world sizes and node counts, and a job killed by SLURM must become a record.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from launch.local import LaunchResult, run_workers, torchrun_argv, worker_env
+
+log = logging.getLogger(__name__)
+
+# -- inside the SLURM job (every node) ------------------------------------------------------------
+
+
+def slurm_job_id() -> str | None:
+    """This job's id as submitit and sacct name it: <array job>_<index> for an array task."""
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and index:
+        return f"{array}_{index}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def in_slurm_job() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
+def task_rank() -> int:
+    """The SLURM task of this process: one task per node, so task rank == node rank."""
+    return int(os.environ.get("SLURM_PROCID", "0"))
+
+
+def first_node() -> str:
+    """The first node of this job: where the c10d rendezvous store lives."""
+    nodelist = os.environ["SLURM_JOB_NODELIST"]
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    names = out.stdout.split()
+    assert out.returncode == 0 and names, f"scontrol show hostnames {nodelist}: {out.stderr}"
+    return names[0]
+
+
+def rendezvous_port(run) -> int:
+    """Every node must pick the same port without talking: derived from the job id (distinct for
+    jobs running at the same time), or launcher.master_port when set."""
+    if run.launcher.master_port:
+        return run.launcher.master_port
+    return 20000 + int(os.environ["SLURM_JOB_ID"]) % 10000
+
+
+def _job_state() -> str:
+    """What SLURM says of this job now (CANCELLED, TIMEOUT, ...); '' if it cannot tell."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    # sacct says CANCELLED/TIMEOUT where squeue says only COMPLETING while the job is torn down.
+    for argv in (["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], ["squeue", "-h", "-j", job, "-o", "%T"]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out:
+            return out.splitlines()[0]
+    return ""
+
+
+def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
+    """This node's ranks, under torchrun; called by harness.job.run_job in every task of the job."""
+    if not in_slurm_job():
+        raise RuntimeError("launcher=slurm runs inside a SLURM job: submit with `brigade -m launcher=slurm ...` "
+                           "(conf/launcher/slurm.yaml sets hydra/launcher=submitit_slurm)")
+    nnodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    assert nnodes == run.launcher.nodes, f"SLURM gave {nnodes} nodes, launcher.nodes={run.launcher.nodes}"
+    nproc = dims.world_size // nnodes
+    node_rank = task_rank()
+    if nnodes == 1:
+        argv = torchrun_argv(run_dir, nproc)
+    else:
+        argv = torchrun_argv(run_dir, nproc, nnodes, node_rank, f"{first_node()}:{rendezvous_port(run)}",
+                             rdzv_id=f"brigade-{os.environ['SLURM_JOB_ID']}")
+        # Say which agent hosts the rendezvous store: on one machine every node name resolves to a
+        # local address, and torchrun's guess would make every node try to host it.
+        i = argv.index("-m", 3)
+        argv[i:i] = ["--rdzv-conf", f"is_host={int(node_rank == 0)}"]
+        # Each node's torchrun writes its own log (they run at the same time).
+        log_path = run_dir / f"workers.{os.environ.get('SLURMD_NODENAME', node_rank)}.log"
+    result = run_workers(argv, worker_env(nproc, run.hardware.device), log_path, run.launcher.timeout_s, on_poll)
+    if result.returncode not in (0, None):
+        state = _job_state()
+        if state:  # e.g. CANCELLED by scancel: say so in the log tail the record quotes
+            with open(log_path, "a") as f:
+                f.write(f"\nbrigade: SLURM job {slurm_job_id()} is {state}\n")
+        if state.startswith("TIMEOUT"):
+            result.timed_out = True
+    return result
+
+
+# -- the sweep side: Hydra launcher -------------------------------------------------------------
+
+
+class SlurmJobFailed(RuntimeError):
+    """A SLURM job that ended without a record from its task (killed, failed to start, ...)."""
+
+
+def job_resources(run, dims) -> dict[str, Any]:
+    """sbatch resources of one config, in the submitit launcher's parameter names."""
+    from harness.config import as_dict
+    from harness.record import run_id
+
+    nodes = run.launcher.nodes
+    nproc = dims.world_size // nodes
+    gpus = run.launcher.gpus_per_node or (nproc if run.hardware.device == "cuda" else 0)
+    return {
+        "nodes": nodes,
+        "tasks_per_node": 1,  # one torchrun per node
+        "cpus_per_task": nproc * run.launcher.cpus_per_task,  # launcher.cpus_per_task is per rank
+        "gpus_per_node": gpus or None,
+        "timeout_min": time_limit_min(run),
+        "partition": run.launcher.partition,
+        "array_parallelism": run.launcher.array_parallelism,
+        "additional_parameters": dict(run.launcher.additional_parameters),
+        # squeue shows what runs: study, strategy, degrees and the run_id its record will carry.
+        "name": f"brigade-{run.study}-{run.strategy.name}-{dims.label()}-{run_id(as_dict(run))}",
+    }
+
+
+def _hydra_launcher_base():
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+    return SlurmLauncher
+
+
+class BrigadeSlurmLauncher(_hydra_launcher_base()):
+    """Hydra's submitit SLURM launcher with per-config resources and failures as JobReturns."""
+
+    poll_s = 3.0  # sacct at most this often (submitit's own back-off reaches 10 min)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+
+        assert self.config is not None and self.hydra_context is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        returns: list = [None] * len(job_overrides)
+        groups: dict[str, list[int]] = {}
+        composed: dict[int, Any] = {}
+        for i, overrides in enumerate(job_overrides):
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            task_cfg = _task_cfg(cfg)
+            resources = _resources_or_none(task_cfg)
+            if resources is None:  # a skip or an invalid config: recorded here, nothing to submit
+                from harness.job import run_job
+
+                returns[i] = JobReturn(overrides=list(overrides), cfg=task_cfg, status=JobStatus.COMPLETED,
+                                       _return_value=run_job(task_cfg))
+                continue
+            composed[i] = task_cfg
+            groups.setdefault(json.dumps(resources, sort_keys=True), []).append(i)
+
+        submitted: list[tuple[int, Any]] = []
+        try:
+            for key, idxs in groups.items():
+                executor = self._executor(json.loads(key))
+                args = [(list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{i}",
+                         Singleton.get_state()) for i in idxs]
+                for i in idxs:
+                    log.info(f"sbatch #{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
+                try:
+                    jobs = executor.map_array(self, *zip(*args))
+                except Exception as e:  # noqa: BLE001 - sbatch refused (too many nodes, bad partition)
+                    for i in idxs:
+                        returns[i] = _failed(job_overrides[i], SlurmJobFailed(f"sbatch refused the job: {e}"))
+                    continue
+                submitted += list(zip(idxs, jobs))
+            self._wait(submitted)
+        except BaseException:  # Ctrl-C: do not leave the sweep's jobs running on the cluster
+            for _, job in submitted:
+                job.cancel(check=False)
+            raise
+        for i, job in submitted:
+            returns[i] = self._outcome(job, job_overrides[i], composed[i])
+        return returns
+
+    def _executor(self, resources: dict):
+        import submitit
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+        from omegaconf import OmegaConf
+
+        # Sweep-wide settings from hydra.launcher (conf/launcher/slurm.yaml), then this config's
+        # own resources; names mapped to submitit's as the stock launcher does.
+        params = {**self.params, **resources}
+        executor = submitit.AutoExecutor(cluster="slurm", folder=params.pop("submitit_folder"),
+                                         slurm_max_num_timeout=params.pop("max_num_timeout", 0))
+        base = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+        return executor
+
+    def _wait(self, submitted) -> None:
+        from submitit.slurm.slurm import SlurmJob
+
+        pending = [job for _, job in submitted]
+        while pending:
+            SlurmJob.watcher.update()  # one sacct for all jobs; submitit alone backs off to 10 min
+            pending = [job for job in pending if not job.done()]
+            if pending:
+                time.sleep(self.poll_s)
+
+    def _outcome(self, job, overrides, task_cfg):
+        from hydra.core.utils import JobReturn
+
+        try:
+            task0 = job.task(0) if job.num_tasks > 1 else job  # only task 0 writes the record
+            ret = task0.results()[0]
+            assert isinstance(ret, JobReturn), ret
+            return ret
+        except Exception as e:  # noqa: BLE001 - killed, timed out, node failure: no result pickle
+            state = job.state
+            written = _record_of_job(task_cfg, job.job_id)
+            if written is not None:  # the task wrote its record, then was killed before returning it
+                return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=written)
+            return _failed(overrides, SlurmJobFailed(f"SLURM job {job.job_id} ended {state} without a record: "
+                                                     f"{type(e).__name__}: {str(e)[-1500:]}"))
+
+
+def _completed():
+    from hydra.core.utils import JobStatus
+
+    return JobStatus.COMPLETED
+
+
+def _failed(overrides, error: Exception):
+    from hydra.core.utils import JobReturn, JobStatus
+
+    return JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=error)
+
+
+def _task_cfg(cfg):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+
+
+def _resources_or_none(task_cfg) -> dict | None:
+    """This config's sbatch resources; None when the job would not run (already done in this study,
+    or refused by validation): run_job then writes or returns its record without a SLURM job."""
+    from harness.config import as_dict, to_run_config
+    from harness.dims import ConfigError
+    from harness.job import _skip_existing
+    from harness.validate import validate
+
+    try:
+        run = to_run_config(task_cfg)
+    except Exception:  # noqa: BLE001 - a type error in an override: run_job records it as invalid
+        return None
+    if _skip_existing(as_dict(run), run) is not None:
+        return None
+    try:
+        return job_resources(run, validate(run))
+    except ConfigError:
+        return None
+
+
+def _record_of_job(task_cfg, job_id: str) -> dict | None:
+    """The record a SLURM job's task appended, if any (env.slurm_job names the job)."""
+    from harness import record as rec
+
+    path = rec.records_path(task_cfg.get("results_dir", "results"), task_cfg.get("study", "adhoc"))
+    for r in reversed(rec.read(path)):
+        if (r.get("env") or {}).get("slurm_job") == job_id:
+            return r
+    return None
+
+
+def time_limit_min(run) -> int:
+    """SLURM time limit in minutes: launcher.time_min, raised to at least launcher.timeout_s + 1 min
+    so that brigade's own wall-clock limit fires first and the record says `timeout` with its reason."""
+    return max(run.launcher.time_min, math.ceil(run.launcher.timeout_s / 60) + 1)

@@ -68,10 +68,11 @@ def volume(collective: str, n: int, size_bytes: float) -> float:
 
 
 def dp_ops_scaling(fam: str, zero_stage: int, n: int, param_bytes: float, grad_bytes: float,
-                   reshard_after_forward: bool) -> list[tuple[str, float, float, str]]:
+                   reshard_after_forward: bool, block_param_bytes: float | None = None) -> list[tuple[str, float, float, str]]:
     """The dp axis' collectives per step as (collective, bytes, bytes per micro-batch, when): total
     message bytes = bytes + m * bytes per micro-batch; when is grad (hides behind backward) |
-    params (prefetched behind compute) | step (after backward, exposed)."""
+    params (prefetched behind compute) | step (after backward, exposed). block_param_bytes: the
+    part of param_bytes in transformer blocks (FSDP units resharded after forward); default all."""
     if n <= 1:
         return []
     if fam == "replicate":
@@ -81,7 +82,12 @@ def dp_ops_scaling(fam: str, zero_stage: int, n: int, param_bytes: float, grad_b
     if fam == "fsdp":
         # harness/strategies/fsdp.py: a resharding unit is gathered for the first forward and for
         # every backward; it stays gathered from a non-last backward into the next forward: m + 1
-        gathers = (param_bytes, param_bytes) if reshard_after_forward else (param_bytes, 0.0)
+        # every backward; it stays gathered from a non-last backward into the next forward: m + 1.
+        # The root unit (embeddings, ln_f, head) is not resharded after forward (fsdp.py passes
+        # reshard_after_forward=None for it): gathered once per step. So Ψ + m Ψ_blocks, not (m + 1) Ψ
+        # (the profiled window's flight recorder counted 1 + 3 x 4 gathers at m = 2 on model=tiny).
+        blocks = param_bytes if block_param_bytes is None else block_param_bytes
+        gathers = (param_bytes, blocks) if reshard_after_forward else (param_bytes, 0.0)
         return [("all_gather", *gathers, "params"), ("reduce_scatter", grad_bytes, 0.0, "grad")]
     # deepspeed
     if zero_stage == 0:

@@ -28,7 +28,7 @@ from harness.costmodel import memory as mem
 from harness.costmodel import pipeline as pipe
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token)
-from harness.costmodel.params import params_total, rank_inventory, stages_of_rank, numel
+from harness.costmodel.params import params_total, rank_inventory, stages_of_rank, numel, block_tensors
 
 PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 MEM_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes")
@@ -214,11 +214,15 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     dense_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "dense")
     expert_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "expert")
     n_units = busiest.layers + 1  # FSDP units / DeepSpeed gather groups: one per block + the root
+    # dense params inside the blocks (FSDP re-gathers only those per micro-batch; see comm.dp_ops_scaling)
+    block_p = param_elem * busiest.layers * sum(c * d0 * r for c, d0, r, k in block_tensors(md.h, md.d_ff, md.E, tp, ep)
+                                                if k == "dense")
     lo.dp_ops = []
-    for n, pb, gb in ((dp, dense_p, dense_g), (dp // ep, expert_p, expert_g)):
+    for n, pb, gb, blk in ((dp, dense_p, dense_g, block_p), (dp // ep, expert_p, expert_g, expert_p)):
         if n <= 1 or (pb == 0 and gb == 0):
             continue
-        for coll, size1, size_m, when in comm.dp_ops_scaling(fam, st.zero_stage, n, pb, gb, st.reshard_after_forward):
+        for coll, size1, size_m, when in comm.dp_ops_scaling(fam, st.zero_stage, n, pb, gb, st.reshard_after_forward,
+                                                             blk):
             lk = link(coll, n, tp)
             bucket = (st.ds_buckets[0] * grad_elem if st.ds_buckets else st.bucket_bytes)
             lo.dp_ops.append((coll, n, size1, size_m, when, lk.alpha_s, lk.bw_Bps / comm.FACTOR[coll](n),

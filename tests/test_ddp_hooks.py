@@ -26,8 +26,9 @@ def test_fp16_hook_matches_single_to_fp16_precision(device, tmp_path, single_ref
     assert len(losses) == len(ref) >= 5
     dev = _max_rel_dev(losses, ref)
     assert dev <= 1e-4, (dev, losses, ref)
-    # ... and the hook is in effect: fp32 DDP matches single to ~1e-7, the fp16 rounding shows above it
-    assert dev > 1e-7, (dev, losses, ref)
+    # ... and the hook is in effect: fp32 DDP matches single to one fp32 ulp (6.9e-8 relative at a loss
+    # of 6.9); the fp16 rounding moves the loss by ~1.4e-6 here, well above 7 ulps
+    assert dev > 5e-7, (dev, losses, ref)
 
 
 @pytest.mark.parametrize("device", DEVICES)

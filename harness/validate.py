@@ -63,6 +63,12 @@ def validate(run: RunConfig) -> ParallelDims:
         raise ConfigError(f"n_heads {m.n_heads} not divisible by tp {dims.tp}")
     if dims.tp > 1 and m.d_ff % dims.tp:
         raise ConfigError(f"d_ff {m.d_ff} not divisible by tp {dims.tp}")
+    if dims.tp > 1 and s.sequence_parallel:  # the residual stream is split on the sequence over tp
+        if m.seq_len % dims.tp:
+            raise ConfigError(f"sequence_parallel: seq_len {m.seq_len} not divisible by tp {dims.tp}")
+        if m.n_experts:
+            raise ConfigError("sequence_parallel covers dense MLPs only (models/tp_plan.py); "
+                              f"model {m.name} has {m.n_experts} experts: set strategy.sequence_parallel=false")
     if m.n_layers % (dims.pp * dims.vpp):
         raise ConfigError(f"n_layers {m.n_layers} not divisible by pp*vpp {dims.pp * dims.vpp} "
                           f"(pp {dims.pp} * vpp {dims.vpp})")

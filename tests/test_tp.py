@@ -79,3 +79,19 @@ def test_tp_not_dividing_heads_is_refused_before_launch(tmp_path):
     assert rec["status"] == "invalid"
     assert rec["error"] == "n_heads 4 not divisible by tp 3"
     assert rec["run_dir"] is None
+
+
+def test_sequence_parallel_refusals_show_the_arithmetic(tmp_path):
+    from harness.config import to_run_config
+    from harness.dims import ConfigError
+    from harness.validate import validate
+    from tests.helpers import compose_config
+
+    def refusal(*overrides):
+        with pytest.raises(ConfigError) as e:
+            validate(to_run_config(compose_config(["strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true",
+                                                   *overrides], tmp_path)))
+        return str(e.value)
+
+    assert refusal("model=tiny", "model.seq_len=63") == "sequence_parallel: seq_len 63 not divisible by tp 2"
+    assert "has 8 experts" in refusal("model=moe_tiny")

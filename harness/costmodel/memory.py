@@ -94,19 +94,37 @@ def fsdp(groups, dp, ep, precision, knobs, dp_ranks):
 
 
 def deepspeed(groups, dp, ep, precision, knobs, dp_ranks):
-    stage, threshold = knobs
+    # (deepspeed engine, issue 5) knobs may carry strategy.offload third: ZeRO-Offload keeps the
+    # master, its grads and AdamW (optimizer) and also the param partition (optimizer+params) in
+    # host memory; the engine reports those under measured.deepspeed.offloaded_bytes, not here.
+    stage, threshold, *rest = knobs
+    host = {"optimizer": (1, 2, 3), "optimizer+params": (0, 1, 2, 3)}.get(rest[0] if rest else "none", ())
+    return [tuple(0 if i in host else b for i, b in enumerate(one))
+            for one in _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks)]
+
+
+def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
     e = ACT_BYTES[precision]
     n = numel(groups)
     if stage == 0:
         if precision == "fp32":
-            return replicate(groups, dp, ep, precision, knobs, dp_ranks)
+            return replicate(groups, dp, ep, precision, (stage, threshold), dp_ranks)
         # BF16_Optimizer / FP16 optimizer: 16-bit params and grads, fp32 master and its grads, AdamW
         one = (e * n, e * n + 4 * n, 8 * n + 4, 4 * n)
         return [one for _ in dp_ranks]
     if stage in (1, 2):
-        align = 2 * dp  # nccl_start_alignment_factor (2) * dp: the flat buffer is padded to it
-        part = -(-n // align) * align // dp
-        one = (e * n, 4 * part, 8 * part + 4, 4 * part)
+        # (deepspeed engine, issue 5) MoE: DeepSpeed keeps one flat buffer per optimizer param group
+        # (split_params_into_different_moe_groups_for_optimizer: dense, experts); the expert group is
+        # partitioned over the expert-data-parallel group (dp/ep ranks), not dp, and each group has
+        # its own AdamW step tensor. Each buffer is padded to nccl_start_alignment_factor (2) * its ranks.
+        part, n_groups = 0, 0
+        for kind in ("dense", "expert"):
+            n_kind = sum(c * d0 * r for c, d0, r, k in groups if k == kind)
+            if n_kind:
+                shard = _shard_degree(kind, dp, ep)
+                part += -(-n_kind // (2 * shard)) * 2 * shard // shard
+                n_groups += 1
+        one = (e * n, 4 * part, 8 * part + 4 * n_groups, 4 * part)
         return [one for _ in dp_ranks]
     part = sum(c * (d0 * r if d0 * r <= threshold else -(-(d0 * r) // dp)) for c, d0, r, _ in groups)
     one = (e * part, 4 * part, 8 * part + 4, 4 * part)

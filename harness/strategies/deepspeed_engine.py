@@ -99,6 +99,7 @@ class DeepSpeedStrategy(Strategy):
         self.model = self.engine  # forward_loss calls self.model(inputs); aux losses via .module
         self.optimizer = self.engine.optimizer
         self._captured: dict[str, list[torch.Tensor]] | None = None
+        self._pending: dict[str, dict[int, torch.Tensor]] = {}  # the capture step's tensors, by id
         self._host_bytes: dict[str, int] = {}
         self._grad_buffers_bytes = 0
         self._ds_timer_steps: list[dict[str, float]] = []  # DeepSpeed's timers, one dict per step
@@ -137,40 +138,64 @@ class DeepSpeedStrategy(Strategy):
             self.engine.backward(loss)  # scaled by 1/gradient_accumulation_steps inside
             self.engine.step()  # an optimizer step only at the accumulation boundary (the last one)
             total += loss.detach().float()
+        self._close_capture()
         if self.run.strategy.ds.wall_clock_breakdown:
             self._ds_timer_steps.append(self.read_ds_timers())
         assert self.engine.global_steps > 0 and self.engine.micro_steps % self.num_microbatches == 0
         return total / len(microbatches)  # mean over this rank's micro-batches, as the base returns
 
+    def sync_disabled(self):
+        # DeepSpeed's no_sync() forbids engine.step() inside it, which every micro-batch here calls
+        # (the engine decides the boundary), and stages 2/3 refuse it: no A/B window on this engine.
+        return None
+
     # -- measurement ---------------------------------------------------------------------------
     def _capture_states(self, optimizer, args, kwargs) -> None:
-        if self._capture:
-            from harness import measure
+        """Step post-hook of the client optimizer. ZeRO 1-3 step one parameter group at a time (a
+        group's fp32 gradient partition exists only around its own step), so during the captured
+        step every call adds what it sees; the end of train_step closes the capture."""
+        if not self._capture:
+            return
+        from harness import measure
 
-            self._captured = self.current_states()
-            self._host_bytes = {f"{k}_bytes": measure.tensor_bytes(v)
-                                for k, v in self.current_states(offloaded=True).items()}
-            self._grad_buffers_bytes = measure.tensor_bytes(self.grad_buffers())
-            self._capture = False
+        for key, tensors in self.optimizer_states().items():
+            seen = self._pending.setdefault(key, {})
+            for t in tensors:
+                seen.setdefault(id(t), t)  # the reference held keeps the id unique until closed
+        self._grad_buffers_bytes = max(self._grad_buffers_bytes, measure.tensor_bytes(self.grad_buffers()))
 
-    def current_states(self, offloaded: bool = False) -> dict[str, list[torch.Tensor]]:
-        """The model states this rank holds right now, split as DeepSpeed holds them: those on the
-        device (offloaded=False) or those strategy.offload keeps in host memory (offloaded=True)."""
-        opt = self.client_optimizer
-        stepped = [p for g in opt.param_groups for p in g["params"]]
+    def _close_capture(self) -> None:
+        if not (self._capture and self._pending):
+            return
+        from harness import measure
+
+        states = {"params": self.module_states(), **{k: list(v.values()) for k, v in self._pending.items()}}
+        self._captured, host = self.split_offloaded(states)
+        self._host_bytes = {f"{k}_bytes": measure.tensor_bytes(v) for k, v in host.items()}
+        self._pending, self._capture = {}, False
+
+    def module_states(self) -> list[torch.Tensor]:
+        """The module's parameters as this rank holds them."""
         module_params = list(self.engine.module.parameters())
         if self.run.strategy.zero_stage == 3:  # the partition (ds_tensor), plus params it keeps whole
-            params = [p.ds_tensor for p in module_params]
-            params += [p.data for p in module_params if getattr(p, "ds_persist", False)]
-        else:
-            params = module_params
-        module_storages = {p.untyped_storage().data_ptr() for p in module_params}
-        # the optimizer steps the module's own params (fp32, stage 0) or a separate fp32 master copy
-        master = [p for p in stepped if p.untyped_storage().data_ptr() not in module_storages]
-        grads = [p.grad for p in stepped if p.grad is not None]
-        state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
-        out = {"params": params, "master": master, "grads": grads, "optimizer": state}
-        return {k: v for k, v in out.items() if (k in self.offloaded_keys()) == offloaded}
+            return ([p.ds_tensor for p in module_params] +
+                    [p.data for p in module_params if getattr(p, "ds_persist", False)])
+        return module_params
+
+    def optimizer_states(self) -> dict[str, list[torch.Tensor]]:
+        """What the client optimizer holds now: the tensors it steps (a separate fp32 master copy,
+        or, at stage 0 in fp32, the module's own params), their gradients, its state."""
+        opt = self.client_optimizer
+        stepped = [p for g in opt.param_groups for p in g["params"]]
+        module_storages = {p.untyped_storage().data_ptr() for p in self.engine.module.parameters()}
+        return {"master": [p for p in stepped if p.untyped_storage().data_ptr() not in module_storages],
+                "grads": [p.grad for p in stepped if p.grad is not None],
+                "optimizer": [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]}
+
+    def split_offloaded(self, states: dict) -> tuple[dict, dict]:
+        """(states on the device, states strategy.offload keeps in host memory)."""
+        host = self.offloaded_keys()
+        return ({k: v for k, v in states.items() if k not in host}, {k: v for k, v in states.items() if k in host})
 
     def offloaded_keys(self) -> tuple[str, ...]:
         """States that strategy.offload keeps in host memory instead of on the device."""
@@ -179,7 +204,9 @@ class DeepSpeedStrategy(Strategy):
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         states, self._captured = self._captured, None  # release the references held since the step
-        return states if states is not None else self.current_states()
+        if states is None:  # asked again later: what is alive now (grads are freed between steps)
+            states = self.split_offloaded({"params": self.module_states(), **self.optimizer_states()})[0]
+        return states
 
     def extra_measurements(self) -> dict:
         from harness import measure
@@ -287,6 +314,7 @@ class DeepSpeedPipeline(DeepSpeedStrategy):
         # DeepSpeed's pipeline engine pulls gradient_accumulation_steps micro-batches from the iterator:
         # the first stage the inputs, the last the targets; it steps the optimizer once at the end.
         self.engine.train_batch(data_iter=iter(microbatches))
+        self._close_capture()
         if not self.engine.is_last_stage():
             return None
         return self.engine.dp_group_loss  # this replica's mean over its micro-batches (before the dp average)

@@ -53,19 +53,22 @@ def expected_state_bytes(model_cfg: dict, stages: list[int], num_stages: int) ->
     return {"params_bytes": 4 * numel, "grads_bytes": 4 * numel, "optimizer_bytes": 8 * numel + 4 * len(shapes)}
 
 
-def check_timeline(rec: dict, schedule: str, pp: int, vpp: int) -> None:
+def check_timeline(rec: dict, schedule: str) -> None:
     """Per rank: one F and one B for every (stage, micro-batch) it owns, a W only after its B, actions
     in order and inside the step; the recorded bubble is a fraction of the step."""
-    m = rec["measured"]
+    m, d = rec["measured"], rec["dims"]
+    pp, vpp, world = d["pp"], d["vpp"], d["world_size"]
     stages = rank_stages(schedule, pp, vpp)
-    for r in range(pp):
+    w, nmb = rec["config"]["workload"], m["num_microbatches"]
+    for r in range(world):
+        mine = stages[r // (d["dp"] * d["tp"])]  # rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
         doc = json.loads((Path(rec["run_dir"]) / f"timeline_rank{r}.json").read_text())
         assert {k: doc[k] for k in ("schedule", "pp", "vpp", "num_microbatches", "rank", "stages")} == {
-            "schedule": schedule, "pp": pp, "vpp": vpp, "num_microbatches": M, "rank": r, "stages": stages[r]}
-        assert doc["step"] == rec["config"]["workload"]["warmup_steps"] + rec["config"]["workload"]["steps"] - 1
+            "schedule": schedule, "pp": pp, "vpp": vpp, "num_microbatches": nmb, "rank": r, "stages": mine}
+        assert doc["step"] == w["warmup_steps"] + w["steps"] - 1  # the last timed step
         ev = doc["events"]
         keys = lambda a: sorted((e["stage"], e["mb"]) for e in ev if e["action"] == a)  # noqa: E731
-        everything = sorted((s, mb) for s in stages[r] for mb in range(M))
+        everything = sorted((s, mb) for s in mine for mb in range(nmb))
         assert keys("F") == everything and keys("B") == everything
         assert set(keys("W")) <= set(everything)
         if schedule in ("interleaved_zero_bubble", "zbv_zero_bubble"):
@@ -81,8 +84,8 @@ def check_timeline(rec: dict, schedule: str, pp: int, vpp: int) -> None:
                 assert t_end[(s, mb, "B")] <= end
             if a == "B":
                 assert t_end[(s, mb, "F")] <= end
-    assert len(m["bubble_pct_per_rank"]) == pp and all(0 < b < 100 for b in m["bubble_pct_per_rank"])
-    assert m["bubble_pct"] == pytest.approx(sum(m["bubble_pct_per_rank"]) / pp)
+    assert len(m["bubble_pct_per_rank"]) == world and all(0 < b < 100 for b in m["bubble_pct_per_rank"])
+    assert m["bubble_pct"] == pytest.approx(sum(m["bubble_pct_per_rank"]) / world)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -103,7 +106,7 @@ def test_pp_schedule_matches_single(schedule, device, tmp_path, single_reference
         assert m[f"{key}_per_rank"] == [e[key] for e in expected], key
     # together the ranks hold the single process's parameters, each exactly once
     assert sum(m["params_bytes_per_rank"]) == ref["measured"]["params_bytes"]
-    check_timeline(rec, schedule, pp, vpp)
+    check_timeline(rec, schedule)
 
 
 def test_bad_pipeline_config_is_an_invalid_record_and_nothing_launches(tmp_path):

@@ -49,6 +49,12 @@ class Mesh3D(PipelineStrategy):
                 device_ids = [self.device.index] if self.device.type == "cuda" else None
                 module = DDP(module, device_ids=device_ids, process_group=mesh["dp"].get_group(),
                              bucket_cap_mb=run.strategy.bucket_cap_mb)
+                # The pipeline stage decides when DDP syncs: it runs every forward in no_sync and arms
+                # the reducer itself before each stage's last backward. Left on, DDP's own forward
+                # would arm it during the stage's shape-inference forward, whose input-only backward
+                # never completes the buckets: the first step's hooks then count twice (torch 2.13:
+                # "rebuilt parameter indices size is not same as original model parameters size").
+                module.require_backward_grad_sync = False
         return module  # 4. the caller (PipelineStrategy.setup) makes it a PipelineStage on mesh["pp"]
 
     def autocast(self):

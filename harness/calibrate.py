@@ -6,6 +6,8 @@ profile (conf/hardware/cpu_calibrated.yaml, usable as `hardware=cpu_calibrated`)
     python -m harness.calibrate hardware=cpu --name my_box --output /some/dir/my_box.yaml
 
 What is measured (stas00/ml-engineering's all_reduce_bench and mamf-finder, nccl-tests definitions):
+  - memory bandwidth of one device: STREAM triad a = b + s*c on one thread -> memory_bw_GBps (the
+    cost model's memory-bound work: element-wise ops, gradient accumulation, AdamW).
   - matmul rate of one device: an (n x n) @ (n x n) product, 2n^3 FLOP, on one thread (a CPU device
     is one core: launch/local.py runs one thread per rank); fp32, and bf16 briefly (no native bf16
     on this CPU). The median over repeats -> achievable_tflops.
@@ -38,9 +40,9 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
           "send_recv": lambda n: 1.0}
 FULL = {"ranks": (2, 4), "sizes": (4, 4096, 262144, 4 * 2**20, 64 * 2**20), "budget_s": 0.25,
-        "matmul_n": 1024, "matmul_reps": 8, "bf16_n": 512, "bf16_reps": 3}
+        "matmul_n": 1024, "matmul_reps": 8, "bf16_n": 512, "bf16_reps": 3, "triad_mib": 64, "triad_reps": 8}
 QUICK = {"ranks": (2,), "sizes": (4, 65536, 2**20), "budget_s": 0.05, "matmul_n": 512, "matmul_reps": 3,
-         "bf16_n": 128, "bf16_reps": 1}
+         "bf16_n": 128, "bf16_reps": 1, "triad_mib": 16, "triad_reps": 3}
 
 
 # -- the worker: one process per rank under torchrun ---------------------------------------------
@@ -157,6 +159,25 @@ def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
+def triad_GBps(mib: int, reps: int) -> float:
+    """STREAM triad (McCalpin 1995) a = b + s*c on one thread, 3 arrays of `mib` MiB: median GB/s.
+    The bandwidth memory-bound work (element-wise ops, AdamW) gets on one device."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(1)
+    n = mib * 2**20 // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    torch.add(b, c, alpha=3.0, out=a)  # warm-up: pages touched
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        times.append(time.perf_counter() - t0)
+    return 3 * 4 * n / statistics.median(times) / 1e9
+
+
 def run_collectives(n: int, sizes, budget_s: float, on_poll) -> dict:
     """Start the worker on n ranks with torchrun; return its results."""
     with tempfile.TemporaryDirectory(prefix="brigade-calibrate-") as tmp:
@@ -201,7 +222,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
 
     console = console or Console(stderr=True)
     per_run = len(COLLECTIVES) * len(mode["sizes"])
-    steps = 2 + per_run * len(mode["ranks"])
+    steps = 3 + per_run * len(mode["ranks"])
     collectives: dict = {name_: {} for name_ in COLLECTIVES}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
@@ -209,10 +230,12 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         fp32 = matmul_tflops("fp32", mode["matmul_n"], mode["matmul_reps"])
         bar.update(task, advance=1, description="matmul bf16")
         bf16 = matmul_tflops("bf16", mode["bf16_n"], mode["bf16_reps"])
+        bar.update(task, advance=1, description="memory bandwidth (triad)")
+        mem_bw = triad_GBps(mode["triad_mib"], mode["triad_reps"])
         bar.update(task, advance=1)
         for i, n in enumerate(mode["ranks"]):
             bar.update(task, description=f"collectives at {n} ranks")
-            base = 2 + i * per_run
+            base = 3 + i * per_run
             res = run_collectives(n, mode["sizes"], mode["budget_s"],
                                   lambda d, t, base=base: bar.update(task, completed=base + d))
             for coll, rows in res["results"].items():
@@ -237,6 +260,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         "intra_node": link,
         "inter_node": dict(link),
         "collectives": collectives,
+        "memory_bw_GBps": round(mem_bw, 3),
         "precisions": list(base_hw["precisions"]),
         "source": {
             "calibrated": f"python -m harness.calibrate hardware={base_hw['name']}"
@@ -246,6 +270,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
             "collectives": "gloo via torchrun, nccl-tests busbw; α-β fit t = α + factor*S/B per collective and "
                            "group size (relative least squares); sizes in bytes",
             "intra_node": f"all_reduce at {mode['ranks'][0]} ranks (fit)",
+            "memory_bw_GBps": f"median STREAM triad over 3 x {mode['triad_mib']} MiB fp32, one thread",
             "inter_node": "same as intra_node: one machine (local SLURM 'nodes' share its loopback)",
             "peak_tflops": (base_hw.get("source", {}).get("peak_tflops", f"from hardware={base_hw['name']}")
                             + (f"; raised to the measured rate for {', '.join(raised)} (this CPU is faster than "
@@ -294,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="profile name (default <base>_calibrated)")
     p.add_argument("--output", default=None, help="YAML path (default conf/hardware/<name>.yaml); its folder "
                                                   "must be named hardware to compose")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     from harness.predict import compose_run
     from harness.config import as_dict
 
@@ -316,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path} in {time.monotonic() - t0:.0f} s: fp32 {profile['achievable_tflops']['fp32'] * 1e3:.1f} "
           f"GFLOP/s, bf16 {profile['achievable_tflops']['bf16'] * 1e3:.2f} GFLOP/s per device; all_reduce "
           + ", ".join(f"{n} ranks {v['bus_bw_GBps']:.3f} GB/s busbw, {v['latency_us']:.0f} us" for n, v in ar.items())
-          + f"; composes as hardware={name} (single model=tiny predicted {pred['step_time_s'] * 1e3:.1f} ms/step)")
+          + f"; memory {profile['memory_bw_GBps']:.1f} GB/s; composes as hardware={name} (single model=tiny predicted {pred['step_time_s'] * 1e3:.1f} ms/step)")
     return 0
 
 

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides: model=, hardware=, workload.*, plan.gpus=, plan.top_k=")
     p.add_argument("--run-top", type=int, default=None, help="run the best K as a brigade sweep (plan.run_top)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     run = compose_run(args.overrides)
     gpus, k = run.plan.gpus, run.plan.top_k
     top = args.run_top if args.run_top is not None else run.plan.run_top

@@ -7,6 +7,7 @@ anywhere. One formula per function, each citing its source:
     memory.py       model-state bytes per engine (one function per family) and the ZeRO paper's ideal
     activations.py  activation bytes (Korthikanti et al. 2022; brigade's own constants)
     flops.py        model / hardware FLOPs (Megatron convention)
+    traffic.py      bytes of the memory-bound work (element-wise ops, gradient accumulation, AdamW)
     comm.py         bytes per axis with nccl-tests bus factors, α-β times
     pipeline.py     bubble (GPipe / 1F1B / interleaved / zero-bubble)
     estimate.py     time, overlap and the assembled prediction
@@ -26,6 +27,6 @@ def predict(run, dims) -> dict:
     m = num_microbatches(run, dims)
     out = evaluate(Model.of(run.model), Hardware.of(run.hardware), Strategy.of(run.strategy), dims.dp, dims.tp,
                    dims.pp, dims.vpp, dims.ep, w.micro_batch_size, m, w.precision, w.activation_checkpointing,
-                   nodes=run.launcher.nodes, detail=True)
+                   nodes=run.launcher.nodes, detail=True, weight_decay=w.weight_decay)
     out["hardware"] = run.hardware.name
     return out

@@ -12,10 +12,11 @@ Per axis (Ψ_b = a rank's parameter bytes, G = its gradient bytes, m micro-batch
 E = b*s*h activation elements, L_r = layers on the rank):
     dp  DDP: one all-reduce of G per step (no_sync on the other micro-batches), bucket by bucket;
         ZeroRedundancyOptimizer: that all-reduce + the updated parameters from their owners;
-        FSDP2 / ZeRO-3: all-gather Ψ_b in forward and again in backward (m + 1 times over m
-        micro-batches, as harness/strategies/fsdp.py keeps params gathered between accumulation
-        steps; once with reshard_after_forward=False, i.e. zero2) + one reduce-scatter of G:
-        3(n-1)/n Ψ traffic at m = 1;
+        FSDP2 / ZeRO-3: all-gather the blocks' params in forward and again in backward (m + 1 times
+        over m micro-batches, as harness/strategies/fsdp.py keeps params gathered between
+        accumulation steps; once with reshard_after_forward=False, i.e. zero2), the root unit
+        (embeddings, ln_f, head) once, + one reduce-scatter of G: (2Ψ + Ψ_blocks)(n-1)/n at m = 1,
+        the paper's 3(n-1)/n Ψ up to the root;
         DeepSpeed: stage 0 all-reduce; 1: reduce-scatter + all-gather; 2: reduce-scatter every
         micro-batch; 3: all-gather twice + reduce-scatter every micro-batch.
     tp  Megatron: 2 all-reduces of E per layer in forward, 2 in backward, per micro-batch (with
@@ -81,7 +82,6 @@ def dp_ops_scaling(fam: str, zero_stage: int, n: int, param_bytes: float, grad_b
         return [("all_reduce", grad_bytes, 0.0, "grad"), ("broadcast", param_bytes, 0.0, "step")]
     if fam == "fsdp":
         # harness/strategies/fsdp.py: a resharding unit is gathered for the first forward and for
-        # every backward; it stays gathered from a non-last backward into the next forward: m + 1
         # every backward; it stays gathered from a non-last backward into the next forward: m + 1.
         # The root unit (embeddings, ln_f, head) is not resharded after forward (fsdp.py passes
         # reshard_after_forward=None for it): gathered once per step. So Ψ + m Ψ_blocks, not (m + 1) Ψ

@@ -5,7 +5,9 @@
 
 Time (per optimizer step, on the slowest rank):
     t_mb     = hardware FLOPs of one micro-batch on the rank / achievable FLOP/s   (forward+backward)
-    compute  = m * t_mb;   bubble = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
+               + its element-wise bytes / memory bandwidth (traffic.py; when the hardware gives one)
+    compute  = m * t_mb + optimizer step and gradient accumulation bytes / memory bandwidth
+    bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
     comm     = Σ α-β times per axis (harness/costmodel/comm.py)
     exposed  = the part of comm that cannot hide behind compute:
                DDP / ZeRO grads: all but the last bucket hide behind the last micro-batch's backward;
@@ -16,7 +18,7 @@ Time (per optimizer step, on the slowest rank):
                measured 23 % exposed by A/B where the trace said 8 %), so exposed = comm there.
     step     = compute + bubble + exposed;  efficiency η = compute / step
 On CPU one device is one core (launch/local.py: one thread per rank); when a node runs more ranks
-than it has cores they time-share, so each rank's FLOP/s divides by ranks_per_node / cores.
+than it has cores they time-share, so each rank's FLOP/s and bandwidth divide by ranks_per_node / cores.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from harness.costmodel import activations as act
 from harness.costmodel import comm
 from harness.costmodel import memory as mem
 from harness.costmodel import pipeline as pipe
+from harness.costmodel import traffic
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token)
 from harness.costmodel.params import params_total, rank_inventory, stages_of_rank, numel, block_tensors
@@ -57,7 +60,7 @@ class Model:
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
-                 "collectives")
+                 "collectives", "mem_bw")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -68,6 +71,7 @@ class Hardware:
         self.rate = {**self.peak, **{k: v * 1e12 for k, v in dict(hw.achievable_tflops).items()}}
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
+        self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = {}
         for name, by_n in dict(hw.collectives or {}).items():
             if not isinstance(by_n, dict) and not hasattr(by_n, "items"):
@@ -97,7 +101,9 @@ class Strategy:
         self.bucket_bytes = s.bucket_cap_mb * 1024**2
         self.comm_hook, self.powersgd_rank = s.comm_hook, s.powersgd_rank
         self.overlap_comm = bool(s.ds.overlap_comm) if s.engine == "deepspeed" else True
-        self.ds_knobs = (s.zero_stage, s.ds.stage3_param_persistence_threshold) if s.engine == "deepspeed" else ()
+        # (stage, persistence threshold, offload): memory.deepspeed leaves offloaded states out
+        self.ds_knobs = ((s.zero_stage, s.ds.stage3_param_persistence_threshold, s.offload)
+                         if s.engine == "deepspeed" else ())
         self.ds_buckets = ((s.ds.reduce_bucket_size, s.ds.stage3_prefetch_bucket_size, s.ds.stage3_max_live_parameters)
                            if s.engine == "deepspeed" else None)
         # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
@@ -148,7 +154,8 @@ class Layout:
     __slots__ = ("md", "hw", "st", "dp", "tp", "pp", "v", "ep", "precision", "world", "e", "e_res", "n_stages",
                  "rpn", "slowdown", "rate_eff", "can_overlap", "ranks", "psi_rank", "act_seq", "head_seq",
                  "logits_seq", "fsdp_block", "layer_fl", "head_fl", "dp_ops", "tp_link", "tp_calls_mb",
-                 "pp_link", "pp_sends_mb", "ep_link", "ep_layers", "unsharded_e", "ideal_bytes")
+                 "pp_link", "pp_sends_mb", "ep_link", "ep_layers", "unsharded_e", "ideal_bytes", "bw_eff",
+                 "layer_mem", "head_mem", "opt_bytes", "grad_elems")
 
 
 class RankInfo:
@@ -157,7 +164,7 @@ class RankInfo:
 
 
 def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
-           nodes: int = 1, detail: bool = False) -> Layout:
+           nodes: int = 1, detail: bool = False, weight_decay: float = 0.0) -> Layout:
     lo = Layout()
     lo.md, lo.hw, lo.st, lo.dp, lo.tp, lo.pp, lo.ep, lo.precision = md, hw, st, dp, tp, pp, ep, precision
     v = lo.v = vpp if pp > 1 else 1
@@ -202,6 +209,13 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     lo.layer_fl = {"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
                    "full": 4 * md.layer_flops / tp}
     lo.head_fl = 3 * md.head_flops / head_div
+    # memory-bound work (traffic.py): per token per layer / head, and the optimizer step of the rank
+    # with the most optimizer state (AdamW state is 8 B per element it updates)
+    lo.bw_eff = hw.mem_bw / lo.slowdown if hw.mem_bw else 0.0
+    lo.layer_mem = {c: traffic.layer_bytes_per_token(cfg, tp, st.sp, e, lo.e_res, c) for c in ("none", "selective", "full")}
+    lo.head_mem = traffic.head_bytes_per_token(cfg, head_div)
+    lo.opt_bytes = traffic.optimizer_bytes(max(ri.o for ri in lo.ranks) / 8, weight_decay)
+    lo.grad_elems = max(ri.numel for ri in lo.ranks)
 
     # dp collectives of the pp rank with the most parameters: (coll, n, base bytes, scaling with m, when, link)
     def link(coll, n, stride):
@@ -245,15 +259,19 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     layer_fl = lo.layer_fl[ckpt]
 
     # -- memory: the worst rank --------------------------------------------------------------------
-    worst, worst_total, worst_acts, flops_mb = None, -1.0, 0.0, 0.0
+    layer_mem = lo.layer_mem[ckpt]
+    worst, worst_total, worst_acts, flops_mb, t_mb = None, -1.0, 0.0, 0.0, 0.0
     for ri in lo.ranks:
         acts = (ri.layers * layer_act + (lo.head_seq * mb if ri.last else 0)) * (
             act.in_flight(st.schedule, pp, v, m, ri.r) if pp > 1 else 1.0)
         if ri.total + acts > worst_total:
             worst, worst_total, worst_acts = ri, ri.total + acts, acts
         f = tokens_mb * (ri.layers * layer_fl + (lo.head_fl if ri.last else 0))
-        if f > flops_mb:
-            flops_mb = f
+        t = f / lo.rate_eff
+        if lo.bw_eff:
+            t += tokens_mb * (ri.layers * layer_mem + (lo.head_mem if ri.last else 0)) / lo.bw_eff
+        if t > t_mb:
+            flops_mb, t_mb = f, t
     buffers = (mem.comm_buffer_bytes(fam, st.zero_stage, worst.g, 0, st.ds_buckets)
                if dp > 1 and (st.uses_ddp or fam == "deepspeed") else 0)
     held = 0.0  # unsharded FSDP state held across forward and backward
@@ -270,8 +288,10 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     peak_b = worst.total + buffers + held + worst_acts + transient
 
     # -- time --------------------------------------------------------------------------------------
-    t_mb = flops_mb / lo.rate_eff
-    compute_s = m * t_mb
+    matmul_s = m * flops_mb / lo.rate_eff
+    optimizer_s = ((lo.opt_bytes + (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems) / lo.bw_eff
+                   if lo.bw_eff else 0.0)
+    compute_s = m * t_mb + optimizer_s
     bubble_s = pipe.bubble_units(st.schedule, pp, v, m) * t_mb / v
     overlap = lo.can_overlap
     v_dp = t_dp = exposed = 0.0
@@ -324,6 +344,9 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
         "transient_bytes": transient,
         "peak_mem_bytes": peak_b,
         "compute_time_s": compute_s,
+        "matmul_time_s": matmul_s,
+        "memory_bound_time_s": compute_s - matmul_s,
+        "optimizer_time_s": optimizer_s,
         "bubble_time_s": bubble_s,
         "bubble_pct": 100 * bubble_s / step_s,
         "comm_time_s": comm_s,
@@ -337,9 +360,9 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
 
 
 def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
-             m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True) -> dict:
+             m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True, weight_decay: float = 0.0) -> dict:
     """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.predict)."""
-    lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail)
+    lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)
     out = finish(lo, mb, m, ckpt)
     return _details(out, lo, mb, m, ckpt) if detail else out
 

@@ -1,0 +1,51 @@
+"""Memory-bound work: bytes the element-wise parts of a step move (roofline: time = bytes / bandwidth).
+
+Matmul FLOPs (flops.py) are not the whole step: LayerNorms, residual adds, GELU, the loss, the
+gradient accumulation and the optimizer step do almost no arithmetic per byte and are bound by the
+device's memory bandwidth (Williams et al. 2009, "Roofline"). Counted from models/gpt.py and
+torch.optim.AdamW, reads + writes, per token and layer (h = d_model, f = d_ff, elements):
+
+  forward   ln1, ln2 (read h, write h each) 4h;  two residual adds (read 2h, write h) 6h;
+            GELU (read f, write f) 2f;  eager attention also scales, masks and softmaxes the
+            (a, s) scores (read + write each) 6as;  SDPA keeps its softmax in on-chip tiles.
+  backward  each op reads its saved input and the incoming gradient and writes one gradient, and the
+            residual gradients are added: twice the forward's traffic.
+  => 3 * (10h + 2f [+ 6as]) elements per layer and token; full recompute runs the forward again (4x).
+  head      log_softmax + NLL read and write the V logits (2V), backward reads the saved output and
+            the gradient and writes the logits' gradient (3V): 5V per token.
+LayerNorm and residual traffic uses the residual stream's dtype (fp32 under autocast), GELU and scores
+the activation dtype. Under tensor parallel the sharded parts (GELU's f, the heads' scores, the
+vocabulary) divide by t; the LayerNorm/residual parts only under sequence parallel.
+
+  gradient accumulation: every micro-batch after the first adds into .grad: read 2, write 1 = 12 B
+            per fp32 gradient element.
+  AdamW (torch single-tensor path, the CPU default; the foreach/CUDA path makes the same passes), per
+            parameter, fp32: exp_avg.lerp_(grad) 12 B; exp_avg_sq.mul_().addcmul_(grad, grad) 20 B;
+            denom = sqrt / bias_correction + eps: 3 passes of 8 B = 24 B; param.addcdiv_(exp_avg,
+            denom) 16 B  => 72 B; weight decay (param.mul_) adds 8 B.
+"""
+from __future__ import annotations
+
+ADAMW_BYTES_PER_PARAM = 72
+ADAMW_DECAY_BYTES_PER_PARAM = 8
+GRAD_ACCUMULATE_BYTES_PER_ELEM = 12
+
+
+def layer_bytes_per_token(m, tp: int, sp: bool, e: int, e_res: int, recompute: str) -> float:
+    """Element-wise bytes of one block, forward + backward (+ the recomputed forward), per token."""
+    h, f, a, s = m.d_model, m.d_ff, m.n_heads, m.seq_len
+    k = m.top_k if m.n_experts else 1
+    rep = tp if sp else 1
+    forward = 10 * h * e_res / rep + 2 * f * k * e / tp + (6 * a * s * e / tp if m.attention == "eager" else 0)
+    passes = 4 if recompute == "full" else 3
+    return passes * forward
+
+
+def head_bytes_per_token(m, tp: int) -> float:
+    """The loss over V logits (fp32: the loss upcasts), forward + backward, per token."""
+    return 5 * m.vocab_size * 4 / tp
+
+
+def optimizer_bytes(elements: float, weight_decay: float) -> float:
+    """AdamW's traffic for the parameter elements this rank updates."""
+    return elements * (ADAMW_BYTES_PER_PARAM + (ADAMW_DECAY_BYTES_PER_PARAM if weight_decay else 0))

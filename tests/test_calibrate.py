@@ -1,0 +1,39 @@
+"""Calibration: `python -m harness.calibrate --quick` measures this machine (torchrun, gloo) and writes a
+hardware profile that composes as `hardware=<name>`, validates and drives a prediction."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from harness.calibrate import COLLECTIVES, check_profile, fit_alpha_beta
+from tests.helpers import REPO
+
+
+def test_alpha_beta_fit_recovers_a_line():
+    alpha, bw = 300e-6, 0.5e9
+    points = [(x, alpha + x / bw) for x in (4, 4096, 262144, 4 * 2**20, 64 * 2**20)]
+    a, b = fit_alpha_beta(points)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(bw, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
+    path = tmp_path / "hardware" / "cpu_quick_test.yaml"
+    out = subprocess.run([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "--quick", "--output", str(path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "composes as hardware=cpu_quick_test" in out.stdout
+    prof = yaml.safe_load(path.read_text())
+    assert prof["name"] == "cpu_quick_test" and prof["device"] == "cpu"
+    assert prof["achievable_tflops"]["fp32"] > 0 and prof["achievable_tflops"]["bf16"] > 0
+    assert prof["memory_bw_GBps"] > 0
+    for coll in COLLECTIVES:
+        fig = prof["collectives"][coll]["2"]
+        assert fig["bus_bw_GBps"] > 0 and fig["latency_us"] >= 0, (coll, fig)
+        assert len(fig["busbw_GBps_by_bytes"]) == 3
+    pred = check_profile(path)  # composes as hardware=<name> from its folder, validates, predicts
+    assert pred["hardware"] == "cpu_quick_test" and pred["step_time_s"] > 0
+    assert pred["achievable_flops_per_rank"] == pytest.approx(prof["achievable_tflops"]["fp32"] * 1e12)

@@ -1,0 +1,58 @@
+"""The planner: searches a 1024-GPU space with the cost model, ranks what fits, agrees with predict,
+and hands its best configs to the launcher as a sweep."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness.plan import main, search, strategy_of
+from harness.predict import compose_run, predict_overrides
+from tests.helpers import records
+
+LAST = re.compile(r"^evaluated (\d+) configs in ([\d.]+) s \((\d+) configs/s\)$")
+BIG = ["model=gpt_70b", "hardware=h100_sxm", "plan.gpus=1024", "plan.top_k=10", "workload.global_batch_size=2048",
+       "workload.precision=bf16-mixed"]
+
+
+def test_plan_1024_gpus_prints_table_and_throughput(capsys):
+    assert main(BIG) == 0
+    out = capsys.readouterr().out.rstrip().splitlines()
+    match = LAST.match(out[-1])
+    assert match, out[-1]
+    n, s, rate = int(match[1]), float(match[2]), int(match[3])
+    assert n > 1000 and rate == pytest.approx(n / s, rel=0.02)  # S is printed to the millisecond
+    assert "top 10 by predicted tokens/s" in "\n".join(out)
+
+
+def test_plan_ranks_feasible_configs_and_agrees_with_predict():
+    run = compose_run(BIG)
+    cands, counts = search(run, 1024)
+    assert counts["evaluated"] == len(cands) + counts["oom"]
+    rates = [c.pred["tokens_per_s"] for c in cands]
+    assert rates == sorted(rates, reverse=True)
+    assert all(c.pred["peak_mem_bytes"] <= 80 * 1024**3 for c in cands)
+    for c in cands[:3]:  # the planner's fast path and `harness.predict` are the same model
+        p = predict_overrides(BIG + c.overrides())
+        assert p["status"] == "ok", p.get("error")
+        assert p["tokens_per_s"] == pytest.approx(c.pred["tokens_per_s"], rel=1e-9)
+        assert p["peak_mem_bytes"] == pytest.approx(c.pred["peak_mem_bytes"], rel=1e-9)
+
+
+def test_every_layout_maps_to_a_strategy_brigade_has():
+    assert strategy_of(1, 1, 1, 1, 0) == ("single", {})
+    assert strategy_of(8, 1, 1, 1, 2) == ("zero2", {})
+    assert strategy_of(4, 2, 2, 1, 3) == ("3d", {"dp_shard": "fsdp", "reshard_after_forward": True})
+    assert strategy_of(4, 2, 2, 1, 1) is None  # no ZeRO-1 on the 3d strategy
+
+
+@pytest.mark.slow
+def test_run_top_hands_the_best_to_the_launcher(tmp_path, capsys):
+    rc = main(["model=tiny", "plan.gpus=1", "plan.top_k=3", "--run-top", "1", "logger=none", "study=plan_test",
+               f"results_dir={tmp_path}", "workload.warmup_steps=1", "workload.steps=3", "workload.profile_steps=0",
+               "report=false"])
+    assert rc == 0
+    assert LAST.match(capsys.readouterr().out.rstrip().splitlines()[-1])
+    recs = records(tmp_path, "plan_test")
+    assert len(recs) == 1 and recs[0]["status"] == "ok", recs
+    assert recs[0]["predicted"]["step_time_s"] > 0 and recs[0]["measured"]["step_time_s"] > 0

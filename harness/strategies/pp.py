@@ -36,6 +36,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
                                           ScheduleLoopedBFS, ScheduleZBVZeroBubble)
 
 from harness.strategies.base import Strategy
+from harness.validate import num_microbatches
 from harness.strategies.pipeline_timeline import Timeline
 from models.gpt import loss_fn
 from models.pipeline_split import even_split, stage_module
@@ -77,12 +78,12 @@ class PipelineStrategy(Strategy):
 
     def setup(self, model):
         s, d = self.run.strategy, self.dims
-        self.num_microbatches = self.run.workload.global_batch_size // (d.dp * self.run.workload.micro_batch_size)
+        self.num_microbatches = num_microbatches(self.run, d)  # m = global / (dp * micro)
         pp_rank = d.coords(dist.get_rank())["pp"]
         splits = even_split(self.run.model.n_layers, d.num_stages)
         self.stage_ids = stage_indices(s.schedule, pp_rank, d.pp, d.vpp)
         modules = [self.parallelize_stage(stage_module(model, splits[i])) for i in self.stage_ids]
-        del model  # the full model is no longer needed: each stage holds a copy of its own part
+        del model  # each stage module is a pruned copy; the worker's full model is not used again
         pp_group = self.mesh["pp"].get_group()
         stages = [PipelineStage(m, i, d.num_stages, self.device, group=pp_group)
                   for m, i in zip(modules, self.stage_ids)]

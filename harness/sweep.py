@@ -29,9 +29,10 @@ def composition_failure(config: DictConfig, overrides: list[str], error: Excepti
                    " ".join(overrides))
 
 
-def launcher_failure(job_cfg: DictConfig, error: Exception) -> dict:
+def launcher_failure(job_cfg: DictConfig, error: Exception, status: str | None = None) -> dict:
     """A job the launcher reports failed before it wrote a record (e.g. killed by SLURM). The job's
-    config is composed here as in the job, so the record has the run_id a resumed study looks for."""
+    config is composed here as in the job, so the record has the run_id a resumed study looks for.
+    `status` when the launcher knows it (SLURM's job state); else guessed from the error text."""
     from harness.config import as_dict, to_run_config
     from harness.validate import validate
 
@@ -42,7 +43,7 @@ def launcher_failure(job_cfg: DictConfig, error: Exception) -> dict:
     except Exception:  # noqa: BLE001
         dims = None
     text = f"{type(error).__name__}: {str(error)[:2000]}"
-    status = "timeout" if "timeout" in text.lower() else "failed"
+    status = status or ("timeout" if "timeout" in text.lower() else "failed")
     return _append(run.results_dir, make_record(config, run, dims, status, text), run.strategy.name)
 
 

@@ -196,13 +196,14 @@ class BrigadeSlurmLauncher(_hydra_launcher_base()):
                         returns[i] = _failed(job_overrides[i], SlurmJobFailed(f"sbatch refused the job: {e}"))
                     continue
                 submitted += list(zip(idxs, jobs))
-            self._wait(submitted)
+            # Each job's outcome as soon as it ends, so a killed job's record does not wait for
+            # the slowest job of the sweep.
+            for i, job in self._as_completed(submitted):
+                returns[i] = self._outcome(job, job_overrides[i], composed[i])
         except BaseException:  # Ctrl-C: do not leave the sweep's jobs running on the cluster
             for _, job in submitted:
                 job.cancel(check=False)
             raise
-        for i, job in submitted:
-            returns[i] = self._outcome(job, job_overrides[i], composed[i])
         return returns
 
     def _executor(self, resources: dict):
@@ -219,31 +220,41 @@ class BrigadeSlurmLauncher(_hydra_launcher_base()):
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
         return executor
 
-    def _wait(self, submitted) -> None:
+    def _as_completed(self, submitted):
         from submitit.slurm.slurm import SlurmJob
 
-        pending = [job for _, job in submitted]
+        pending = list(submitted)
         while pending:
             SlurmJob.watcher.update()  # one sacct for all jobs; submitit alone backs off to 10 min
-            pending = [job for job in pending if not job.done()]
+            for item in [item for item in pending if item[1].done()]:
+                pending.remove(item)
+                yield item
             if pending:
                 time.sleep(self.poll_s)
 
     def _outcome(self, job, overrides, task_cfg):
+        """The job's JobReturn; a job that ended without one gets its `failed`/`timeout` record here."""
         from hydra.core.utils import JobReturn
 
+        task0 = job.task(0) if job.num_tasks > 1 else job  # only task 0 writes the record
+        state = job.state
+        if not state.startswith("COMPLETED"):
+            # Killed jobs leave no result file: do not wait submitit's 15 s for one (slow shared
+            # filesystems matter for jobs that completed, which keep the default).
+            task0._results_timeout_s = 3
         try:
-            task0 = job.task(0) if job.num_tasks > 1 else job  # only task 0 writes the record
             ret = task0.results()[0]
             assert isinstance(ret, JobReturn), ret
             return ret
         except Exception as e:  # noqa: BLE001 - killed, timed out, node failure: no result pickle
-            state = job.state
-            written = _record_of_job(task_cfg, job.job_id)
-            if written is not None:  # the task wrote its record, then was killed before returning it
-                return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=written)
-            return _failed(overrides, SlurmJobFailed(f"SLURM job {job.job_id} ended {state} without a record: "
-                                                     f"{type(e).__name__}: {str(e)[-1500:]}"))
+            record = _record_of_job(task_cfg, job.job_id)
+            if record is None:  # the usual case; else the task wrote it and was killed before returning
+                from harness.sweep import launcher_failure
+
+                record = launcher_failure(task_cfg, SlurmJobFailed(
+                    f"SLURM job {job.job_id} ended {state} without a record: {type(e).__name__}: {str(e)[-1500:]}"),
+                    status="timeout" if state.startswith("TIMEOUT") else "failed")
+            return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
 
 
 def _completed():

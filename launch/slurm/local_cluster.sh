@@ -217,6 +217,9 @@ wait_for() {  # wait_for NAME LOG SECONDS TEST...
 start_munge() {
   id munge >/dev/null 2>&1 || die "user munge missing (package munge not installed?)"
   local d=$STATE/munge
+  chmod 0755 "$STATE"  # munged runs as munge: it must reach its dir (mktemp makes 0700 dirs)
+  setpriv --reuid=munge --regid=munge --clear-groups test -x "$d" ||
+    die "user munge cannot reach $d: every parent dir of BRIGADE_SLURM_DIR must be searchable by others"
   if [[ ! -s $d/munge.key ]]; then
     mungekey --create --keyfile="$d/munge.key" 2>/dev/null || head -c 1024 /dev/urandom >"$d/munge.key"
   fi

@@ -1,0 +1,238 @@
+"""launcher=slurm end to end, against a real SLURM cluster on this machine.
+
+The session fixture starts the cluster with launch/slurm/local_cluster.sh (2 virtual nodes, munge,
+MariaDB, slurmdbd, slurmctld, 2 slurmd; it installs the Debian packages if they are missing) in a
+fresh state dir, and the last test stops it and checks that no daemon it started is left. Sweeps
+run through the real `brigade` CLI, so Hydra's submitit launcher submits real sbatch jobs.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, REPO, assert_losses_match, cli, records
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SCRIPT = REPO / "launch" / "slurm" / "local_cluster.sh"
+# The W&B test sets its own logger; the HTML report has its own tests.
+SLURM_FAST = [o for o in FAST if not o.startswith("logger")] + ["report=false"]
+
+
+def _free_port_base() -> int:
+    """A base with base..base+12 free (the cluster's ports), away from the script's default 17810
+    so a developer's own cluster keeps running beside the tests'."""
+    for base in range(17850, 18800, 20):
+        ok = True
+        for port in range(base, base + 13):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range for the test cluster")
+
+
+def _script(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _pids(state: Path) -> list[tuple[str, int, str]]:
+    path = state / "pids"
+    if not path.exists():
+        return []
+    return [(n, int(p), e) for n, p, e in (line.split() for line in path.read_text().splitlines() if line.strip())]
+
+
+def _alive(pid: int, exe: str) -> bool:
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe") == exe
+    except OSError:
+        return False
+
+
+class Cluster:
+    def __init__(self, state: Path, env: dict):
+        self.state, self.env = state, env
+        self.pids = _pids(state)
+
+    def run(self, *argv: str, timeout: float = 60) -> str:
+        out = subprocess.run(list(argv), capture_output=True, text=True, env=self.env, timeout=timeout)
+        assert out.returncode == 0, (argv, out.stderr)
+        return out.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    needs_install = shutil.which("slurmctld", path="/usr/sbin:/usr/bin") is None
+    if needs_install and os.geteuid() != 0:
+        pytest.skip("SLURM packages missing and not root: local_cluster.sh cannot apt-get install them")
+    # mkdtemp makes a 0700 dir; the script opens it to the munge user.
+    state = Path(tempfile.mkdtemp(prefix="brigade-slurm-test-", dir="/tmp"))
+    env = {**os.environ, "BRIGADE_SLURM_DIR": str(state), "BRIGADE_SLURM_PORT_BASE": str(_free_port_base())}
+    started = _script("start", "--nodes", "2", env=env)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == f"export SLURM_CONF={state}/etc/slurm.conf", started.stdout
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = env["SLURM_CONF"] = f"{state}/etc/slurm.conf"
+    cluster = Cluster(state, env)
+    try:
+        yield cluster
+    finally:
+        _script("stop", env=env)  # idempotent: the last test has normally stopped it already
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        left = [(n, p) for n, p, e in cluster.pids if _alive(p, e)]
+        if not left:
+            shutil.rmtree(state, ignore_errors=True)
+        assert not left, f"daemons left running: {left}"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return tmp_path_factory.mktemp("slurm_results")
+
+
+def test_cluster_started_from_nothing(slurm_cluster):
+    names = sorted(n for n, _, _ in slurm_cluster.pids)
+    assert names == ["mariadbd", "munged", "slurmctld", "slurmd-bn1", "slurmd-bn2", "slurmdbd"], names
+    assert all(_alive(p, e) for _, p, e in slurm_cluster.pids)
+    nodes = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %t").split("\n")
+    assert sorted(l for l in nodes if l) == ["bn1 idle", "bn2 idle"], nodes
+    # sacct answers (through slurmdbd and MariaDB): submitit reads job states from it.
+    slurm_cluster.run("sacct", "-n", "-X")
+    # Idempotent: a second start finds it running and starts nothing.
+    again = _script("start", "--nodes", "2", env=slurm_cluster.env)
+    assert again.returncode == 0 and "already running" in again.stderr, again.stderr
+    assert _pids(slurm_cluster.state) == slurm_cluster.pids
+    status = _script("status", env=slurm_cluster.env)
+    assert status.returncode == 0, status.stderr
+
+
+def _wandb_run_record(record: dict):
+    from tests.wandb_file import records as wandb_records
+
+    files = list(Path(record["run_dir"]).glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    runs = [r.run for r in wandb_records(files[0]) if r.WhichOneof("record_type") == "run"]
+    assert runs, files[0]
+    return runs[0]
+
+
+def test_two_configs_then_resume(slurm_cluster, results, single_reference):
+    from harness.wandb_log import run_name
+
+    args = ["-m", "launcher=slurm", *SLURM_FAST, "logger=wandb", "study=slurm2",
+            "hydra.sweeper.runs=[['strategy=single'],['strategy=ddp','parallel.dp=2']]"]
+    p = cli(args, results, timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = records(results, "slurm2")
+    assert sorted((r["strategy"], r["status"]) for r in recs) == [("ddp", "ok"), ("single", "ok")], \
+        [(r["strategy"], r["status"], r["error"]) for r in recs]
+    single, ddp = sorted(recs, key=lambda r: r["strategy"], reverse=True)
+    local = single_reference()  # the same config as `single`, run by launcher=local
+    assert single["run_id"] == local["run_id"]  # the launcher is not part of what is measured
+    assert set(single["measured"]) == set(local["measured"]), set(single["measured"]) ^ set(local["measured"])
+    assert set(local["measured"]) <= set(ddp["measured"])
+    assert single["measured"]["losses"] == local["measured"]["losses"]  # same worker code, same numbers
+    assert_losses_match(ddp["measured"]["losses"], local["measured"]["losses"])
+    for r in (single, ddp):
+        assert r["env"]["slurm_job"] and r["run_dir"].endswith(f".slurm{r['env']['slurm_job']}")
+        assert r["config"]["launcher"]["name"] == "slurm"
+        # W&B: one group per study, the run named for strategy and degrees, job type slurm.
+        w = _wandb_run_record(r)
+        assert (w.run_group, w.job_type, w.display_name) == ("slurm2", "slurm", run_name(r))
+
+    # Re-running the study submits no job and appends no record for configs already done.
+    jobs_before = slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split()
+    again = cli(args, results, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert records(results, "slurm2") == recs
+    assert again.stderr.count("skip ") == 2, again.stderr[-3000:]
+    assert slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split() == jobs_before
+
+
+def test_two_node_run(slurm_cluster, results, single_reference):
+    p = cli(["launcher=slurm", "launcher.nodes=2", *SLURM_FAST, "logger=none", "study=twonode", "strategy=ddp",
+             "parallel.dp=4"], results, timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    [r] = records(results, "twonode")  # one record, though both nodes' tasks ran the job function
+    assert r["status"] == "ok", r["error"]
+    assert r["dims"]["world_size"] == 4
+    assert r["env"]["nodes"] == ["bn1", "bn2"] and r["env"]["num_nodes"] == 2, r["env"]
+    assert r["env"]["slurm_job_nodelist"] == "bn[1-2]"
+    assert sorted(p.name for p in Path(r["run_dir"]).glob("workers.*.log")) == ["workers.bn1.log", "workers.bn2.log"]
+    assert_losses_match(r["measured"]["losses"], single_reference()["measured"]["losses"])
+
+
+def _processes_with(text: str) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(proc.name))
+            except OSError:
+                continue
+    return out
+
+
+def test_scancel_becomes_failed_record(slurm_cluster, results):
+    """One job of a 2-job sweep hangs (rank 1 sleeps) and is scancelled mid-run: its config gets a
+    `failed` record within 60 s, its ranks are gone, the other job is ok and the sweep ends."""
+    study_runs = results / "runs" / "kill"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "harness", "-m", "launcher=slurm", *SLURM_FAST, "logger=none", "study=kill",
+         "strategy=ddp", "parallel.dp=2", "fault=none,hang_rank1", f"results_dir={results}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+    try:
+        # Mid-run: the hanging job's torchrun has started its ranks (their log exists).
+        deadline, hung = time.monotonic() + 300, None
+        while hung is None and time.monotonic() < deadline:
+            for cfg in study_runs.glob("*.slurm*/config.yaml"):
+                if "fault: hang_rank1" in cfg.read_text() and (cfg.parent / "workers.log").exists():
+                    hung = cfg.parent
+            time.sleep(0.5)
+        assert hung is not None, "the hanging job never started"
+        time.sleep(3)
+        job = hung.name.rsplit(".slurm", 1)[1]
+        t0 = time.monotonic()
+        slurm_cluster.run("scancel", job)
+        failed = None
+        while failed is None and time.monotonic() - t0 < 60:
+            failed = next((r for r in records(results, "kill") if r["config"]["fault"] == "hang_rank1"), None)
+            time.sleep(0.5)
+        assert failed is not None, "no record within 60 s of scancel"
+        assert failed["status"] == "failed", failed
+        out, _ = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]
+    recs = records(results, "kill")
+    assert sorted((r["config"]["fault"], r["status"]) for r in recs) == [("hang_rank1", "failed"), ("none", "ok")]
+    assert not _processes_with(str(hung)), "ranks of the cancelled job are still running"
+
+
+def test_cluster_stops_cleanly(slurm_cluster):
+    """Last in this file: stop kills exactly the recorded daemons, and a second stop is a no-op."""
+    stopped = _script("stop", env=slurm_cluster.env)
+    assert stopped.returncode == 0, stopped.stderr
+    left = [(n, p) for n, p, e in slurm_cluster.pids if _alive(p, e)]
+    assert not left, left
+    assert not (slurm_cluster.state / "pids").exists()
+    assert _script("stop", env=slurm_cluster.env).returncode == 0
+    assert _script("status", env=slurm_cluster.env).returncode == 1

@@ -242,7 +242,12 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
             lo.dp_ops.append((coll, n, size1, size_m, when, lk.alpha_s, lk.bw_Bps / comm.FACTOR[coll](n),
                               comm.FACTOR[coll](n), bucket if when == "grad" else 0, pb, n_units))
     lo.tp_link = link("all_reduce", tp, 1) if tp > 1 else None
-    lo.tp_calls_mb = max(4 * ri.layers + int(ri.first) + int(ri.last) for ri in lo.ranks)
+    # Per layer 2 all-reduces forward (after o, fc2) and, backward, one per column-parallel projection
+    # fed by a replicated input: q, k, v and fc1 each reduce their input gradient separately (models/
+    # tp_plan.py wraps them one by one; the profiled window counted 6 per layer on model=tiny): 6.
+    # With sequence parallel the attention and MLP inputs are gathered once (PrepareModuleInput), so
+    # the gradient is reduce-scattered once per input: 4 all-reduce equivalents (Megatron's count).
+    lo.tp_calls_mb = max((4 if st.sp else 6) * ri.layers + int(ri.first) + int(ri.last) for ri in lo.ranks)
     lo.pp_link = link("send_recv", 2, dp * tp) if pp > 1 else None
     lo.pp_sends_mb = max(comm.pp_sends(ri.stages, n_stages) for ri in lo.ranks)
     lo.ep_link = link("all_to_all", ep, tp) if ep > 1 and md.E else None

@@ -9,8 +9,8 @@ What is measured (stas00/ml-engineering's all_reduce_bench and mamf-finder, nccl
   - memory bandwidth of one device: STREAM triad a = b + s*c on one thread -> memory_bw_GBps (the
     cost model's memory-bound work: element-wise ops, gradient accumulation, AdamW).
   - matmul rate of one device: an (n x n) @ (n x n) product, 2n^3 FLOP, on one thread (a CPU device
-    is one core: launch/local.py runs one thread per rank); fp32, and bf16 briefly (no native bf16
-    on this CPU). The median over repeats -> achievable_tflops.
+    is one core: launch/local.py runs one thread per rank); fp32, and bf16 briefly (slow where the
+    CPU has no bf16 units). The best over repeats -> achievable_tflops.
   - collectives on gloo, launched with torchrun at 2 and 4 ranks (--quick: 2), message sizes
     4 B ... 64 MB: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv (a ring: each rank
     sends to r+1 and receives from r-1). For a message of S bytes and time t (the slowest rank's,
@@ -40,7 +40,7 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
           "send_recv": lambda n: 1.0}
 FULL = {"ranks": (2, 4), "sizes": (4, 4096, 262144, 4 * 2**20, 64 * 2**20), "budget_s": 0.25,
-        "matmul_n": 1024, "matmul_reps": 8, "bf16_n": 512, "bf16_reps": 3, "triad_mib": 64, "triad_reps": 8}
+        "matmul_n": 1024, "matmul_reps": 12, "bf16_n": 512, "bf16_reps": 4, "triad_mib": 64, "triad_reps": 12}
 QUICK = {"ranks": (2,), "sizes": (4, 65536, 2**20), "budget_s": 0.05, "matmul_n": 512, "matmul_reps": 3,
          "bf16_n": 128, "bf16_reps": 1, "triad_mib": 16, "triad_reps": 3}
 
@@ -142,9 +142,8 @@ def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
-    """Median rate of an n x n matmul on one thread, TFLOP/s."""
-    import statistics
-
+    """Best rate of an n x n matmul on one thread over `reps` repeats, TFLOP/s (mamf-finder reports
+    the maximum achievable: on a shared machine the best repeat is the one that was not preempted)."""
     import torch
 
     torch.set_num_threads(1)
@@ -156,14 +155,13 @@ def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times) / 1e12
+    return 2 * n**3 / min(times) / 1e12
 
 
 def triad_GBps(mib: int, reps: int) -> float:
-    """STREAM triad (McCalpin 1995) a = b + s*c on one thread, 3 arrays of `mib` MiB: median GB/s.
-    The bandwidth memory-bound work (element-wise ops, AdamW) gets on one device."""
-    import statistics
-
+    """STREAM triad (McCalpin 1995) a = b + s*c on one thread, 3 arrays of `mib` MiB: best GB/s over
+    `reps` (STREAM reports the best time). The bandwidth memory-bound work (element-wise ops, AdamW)
+    gets on one device."""
     import torch
 
     torch.set_num_threads(1)
@@ -175,7 +173,7 @@ def triad_GBps(mib: int, reps: int) -> float:
         t0 = time.perf_counter()
         torch.add(b, c, alpha=3.0, out=a)
         times.append(time.perf_counter() - t0)
-    return 3 * 4 * n / statistics.median(times) / 1e9
+    return 3 * 4 * n / min(times) / 1e9
 
 
 def run_collectives(n: int, sizes, budget_s: float, on_poll) -> dict:
@@ -265,12 +263,12 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         "source": {
             "calibrated": f"python -m harness.calibrate hardware={base_hw['name']}"
                           f"{' --quick' if mode is QUICK else ''} on {platform.node()} at {when}",
-            "achievable_tflops": f"median of {mode['matmul_reps']} fp32 {mode['matmul_n']}^3 and {mode['bf16_reps']} "
+            "achievable_tflops": f"best of {mode['matmul_reps']} fp32 {mode['matmul_n']}^3 and {mode['bf16_reps']} "
                                  f"bf16 {mode['bf16_n']}^3 matmuls, one thread (torch {torch.__version__})",
             "collectives": "gloo via torchrun, nccl-tests busbw; α-β fit t = α + factor*S/B per collective and "
                            "group size (relative least squares); sizes in bytes",
             "intra_node": f"all_reduce at {mode['ranks'][0]} ranks (fit)",
-            "memory_bw_GBps": f"median STREAM triad over 3 x {mode['triad_mib']} MiB fp32, one thread",
+            "memory_bw_GBps": f"best STREAM triad over 3 x {mode['triad_mib']} MiB fp32, one thread",
             "inter_node": "same as intra_node: one machine (local SLURM 'nodes' share its loopback)",
             "peak_tflops": (base_hw.get("source", {}).get("peak_tflops", f"from hardware={base_hw['name']}")
                             + (f"; raised to the measured rate for {', '.join(raised)} (this CPU is faster than "

@@ -33,7 +33,7 @@ class ModelConfig:
 class DeepSpeedKnobs:
     """DeepSpeed ZeRO knobs, with DeepSpeed 0.19's defaults unless noted."""
 
-    overlap_comm: bool = False
+    overlap_comm: Optional[bool] = None  # None = DeepSpeed's default: True at stage 3, False at stages 0-2
     contiguous_gradients: bool = True
     reduce_scatter: bool = True
     reduce_bucket_size: int = 5_000_000  # DeepSpeed default 5e8 allocates ~1.9 GB/rank under ZeRO-3 on CPU

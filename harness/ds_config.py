@@ -37,8 +37,10 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 def zero_section(run) -> dict:
     s, ds = run.strategy, run.strategy.ds
+    # overlap_comm None: DeepSpeed's own default (True at stage 3), stated so the JSON says what ran
+    overlap = ds.overlap_comm if ds.overlap_comm is not None else s.zero_stage == 3
     zero = {"stage": s.zero_stage,
-            "overlap_comm": ds.overlap_comm,
+            "overlap_comm": overlap,
             "contiguous_gradients": ds.contiguous_gradients,
             "reduce_scatter": ds.reduce_scatter,
             "reduce_bucket_size": ds.reduce_bucket_size,

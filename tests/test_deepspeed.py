@@ -79,6 +79,7 @@ def test_zero_stage_matches_single_with_predicted_bytes(tmp_path, single_referen
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["train_batch_size"]) == (2, 2, 8)
     assert cfg["zero_optimization"]["stage"] == stage and "optimizer" not in cfg
     assert cfg["zero_force_ds_cpu_optimizer"] is False and cfg["zero_optimization"]["reduce_bucket_size"] == 5_000_000
+    assert cfg["zero_optimization"]["overlap_comm"] is (stage == 3)  # DeepSpeed's default, made explicit
 
     # exact bytes per rank: measured == predicted, and both == the layout computed from single's params
     n4 = r["params_bytes"]

@@ -30,11 +30,11 @@ mirrors, so losses match; expert parameters go to their own optimizer groups
 (`split_params_into_different_moe_groups_for_optimizer`) and are reduced over the expert-data
 group, tokens reach their experts by all-to-all over the ep group.
 
-Model-state bytes are captured from a step post-hook on the client optimizer (DeepSpeed's ZeRO
-optimizers call its step): at that instant params, master, the gradient partition and the
-optimizer state are all alive, i.e. their peak. DeepSpeed's communication buffers (the reduce
-bucket, stage 2's contiguous gradient partition it flattens from) are reported apart, under
-measured.deepspeed, not as model states.
+Model-state bytes are captured from a step post-hook on the client optimizer during the first
+step (DeepSpeed's ZeRO optimizers call its step once per param group): at each call the group's
+master, its fp32 gradient partition and its optimizer state are alive, so the capture holds every
+state at its peak. DeepSpeed's reduce buffers (the bucket, stage 3's contiguous low-precision
+gradient partition it flattens the fp32 one from) are reported apart, under measured.deepspeed.
 """
 from __future__ import annotations
 
@@ -45,10 +45,6 @@ import torch.distributed as dist
 
 from harness import ds_config
 from harness.strategies.base import Strategy
-
-ADAM_BETAS = (0.9, 0.95)  # harness/strategies/base.py make_optimizer
-ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which make_optimizer uses
-
 
 def import_deepspeed():
     """Import DeepSpeed with the ops it would JIT-compile on first use switched off.
@@ -94,8 +90,7 @@ class DeepSpeedStrategy(Strategy):
             ds_config.write(self.config, self.run_dir)
         model = self.build_module(model.to(self.device))
         self.client_optimizer = self.make_client_optimizer(self.optimizer_groups(model))
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.client_optimizer,
-                                                    config=self.config, **self.initialize_kwargs())
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.client_optimizer, config=self.config)
         self.model = self.engine  # forward_loss calls self.model(inputs); aux losses via .module
         self.optimizer = self.engine.optimizer
         self._captured: dict[str, list[torch.Tensor]] | None = None
@@ -110,22 +105,21 @@ class DeepSpeedStrategy(Strategy):
         """The module DeepSpeed wraps (pipeline and MoE subclasses rebuild it)."""
         return model
 
-    def initialize_kwargs(self) -> dict:
-        return {}
-
     def optimizer_groups(self, model: torch.nn.Module):
         return [{"params": [p for p in model.parameters() if p.requires_grad], "name": "dense"}]
 
     def make_client_optimizer(self, groups) -> torch.optim.Optimizer:
-        w, ds = self.run.workload, self.run.strategy.ds
-        if ds.cpu_adam:  # needs the cpu_adam op; validate refuses this unless it was prebuilt
+        """The native strategies' torch AdamW (base.make_optimizer: same lr, betas, eps, weight decay);
+        DeepSpeedCPUAdam with those hyper-parameters when strategy.ds.cpu_adam (prebuilt op only:
+        validate refuses it otherwise, since loading it would JIT-compile it)."""
+        opt = self.make_optimizer(groups)
+        if self.run.strategy.ds.cpu_adam:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(groups, lr=w.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=w.weight_decay,
-                                    adamw_mode=True)
-        # foreach=False: under ZeRO-3 DeepSpeed swaps param tensors in and out of the groups
-        return torch.optim.AdamW(groups, lr=w.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=w.weight_decay,
-                                 foreach=False)
+            d = opt.defaults
+            opt = DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+                                   adamw_mode=True)
+        return opt
 
     # -- one optimizer step -----------------------------------------------------------------
     def autocast(self):
@@ -209,8 +203,6 @@ class DeepSpeedStrategy(Strategy):
         return states
 
     def extra_measurements(self) -> dict:
-        from harness import measure
-
         out = {"zero_stage": self.run.strategy.zero_stage, "ops_loaded": loaded_ops()}
         if self.run.strategy.offload != "none":
             out["offloaded_bytes"] = self._host_bytes  # captured with the device states, at the step
@@ -223,8 +215,8 @@ class DeepSpeedStrategy(Strategy):
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """Gradient buffers DeepSpeed reduces into, besides the fp32 gradient partition the optimizer
-        steps: the reduce bucket (ipg), the contiguous (bit16) gradient partition that stages 2/3
-        flatten a fresh fp32 copy from at the step."""
+        steps: the reduce bucket (ipg), the contiguous low-precision gradient partition that stage 2
+        (grads_in_partition) and stage 3 (grad_partitions_flat_buffer) flatten a fresh fp32 copy from."""
         opt = self.engine.optimizer
         out = []
         for name in ("ipg_buffer", "grads_in_partition", "grad_partitions_flat_buffer"):

@@ -266,6 +266,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     # -- memory: the worst rank --------------------------------------------------------------------
     layer_mem = lo.layer_mem[ckpt]
     worst, worst_total, worst_acts, flops_mb, t_mb = None, -1.0, 0.0, 0.0, 0.0
+    t_rank = {}  # pp rank -> its time per micro-batch (stages differ: embeddings first, head last)
     for ri in lo.ranks:
         acts = (ri.layers * layer_act + (lo.head_seq * mb if ri.last else 0)) * (
             act.in_flight(st.schedule, pp, v, m, ri.r) if pp > 1 else 1.0)
@@ -275,6 +276,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
         t = f / lo.rate_eff
         if lo.bw_eff:
             t += tokens_mb * (ri.layers * layer_mem + (lo.head_mem if ri.last else 0)) / lo.bw_eff
+        t_rank[ri.r] = t
         if t > t_mb:
             flops_mb, t_mb = f, t
     buffers = (mem.comm_buffer_bytes(fam, st.zero_stage, worst.g, 0, st.ds_buckets)
@@ -298,6 +300,15 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
                    if lo.bw_eff else 0.0)
     compute_s = m * t_mb + optimizer_s
     bubble_s = pipe.bubble_units(st.schedule, pp, v, m) * t_mb / v
+    # bubble_pct as measured (pipeline_timeline.py: the mean over ranks of idle / pipeline time), with
+    # unequal stages (issue 6 fidelity: on model=small the last stage's head makes it 1.6x the first):
+    # the slowest rank idles while the others fill and drain, bubble_units x the others' mean time,
+    # and the faster ranks idle longer. lo.ranks holds pp ranks 0, 1, p-1 (middle ranks equal rank 1).
+    # Equal stages: idle_mean_s = bubble_s and this is the formula's (p-1)/(v m + p-1).
+    t_all = [t_rank[0], *[t_rank[min(1, pp - 1)]] * (pp - 2), t_rank[pp - 1]] if pp > 1 else [t_mb]
+    others = (sum(t_all) - t_mb) / (pp - 1) if pp > 1 else 0.0
+    pipe_s = m * t_mb + pipe.bubble_units(st.schedule, pp, v, m) * others / v
+    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all)
     overlap = lo.can_overlap
     v_dp = t_dp = exposed = 0.0
     for coll, n, size1, size_m, when, alpha, bw_eff, factor, bucket, pb, n_units in lo.dp_ops:
@@ -353,7 +364,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
         "memory_bound_time_s": compute_s - matmul_s,
         "optimizer_time_s": optimizer_s,
         "bubble_time_s": bubble_s,
-        "bubble_pct": 100 * bubble_s / step_s,
+        "bubble_pct": 100 * idle_mean_s / pipe_s if pp > 1 else 0.0,
         "comm_time_s": comm_s,
         "comm_exposed_time_s": exposed,
         "comm_share_pct": 100 * min(comm_s, step_s) / step_s,

@@ -99,7 +99,9 @@ def gantt(series: dict, title: str, unit: str) -> go.Figure:
                                                                     line=dict(width=0.5, color="#fff")),
                              hovertemplate=ACTION_NAMES[action] + " of micro-batch %{text}<br>"
                              "%{base:.3g} - %{x:.3g} " + unit + "<extra></extra>"))
-    fig.update_layout(**{**LAYOUT, "height": 120 + 45 * series["ranks"]}, barmode="overlay", title=title,
-                      xaxis_title=unit, bargap=0.25)
+    # legend above the plot: below it, it would collide with the axis title of a short chart
+    fig.update_layout(**{**LAYOUT, "height": 150 + 45 * series["ranks"], "margin": dict(l=60, r=20, t=80, b=45),
+                         "legend": dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right")},
+                      barmode="overlay", title=dict(text=title, y=0.97, yanchor="top"), xaxis_title=unit, bargap=0.25)
     fig.update_yaxes(categoryorder="array", categoryarray=rows[::-1])
     return fig

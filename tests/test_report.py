@@ -1,0 +1,285 @@
+"""The report (harness/report): the pure parts (schedule simulator, ring, Amdahl fit, mesh) against
+their known answers, then the report of a real study run once per session through the CLI.
+
+The fixture study (`report_study`) is real: `brigade -m` with model=tiny on this machine, runs
+single, ddp dp=2, tp tp=2, pp pp=2 (1f1b, with its timeline files), an invalid config (dp=3), an
+unknown strategy (a record with no dims) and a rank that crashes (fault=crash_rank1). Its end-of-sweep
+hook writes the report. The only hand-written record is a 3D one (`three_d_record`), because no
+strategy combining dp, tp and pp has landed yet; its prediction is the real cost model's.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from harness.report import ring, scaling, schedule
+from harness.report.mesh import describe
+from harness.report.study import Run, load
+from tests.helpers import cli, records
+
+STUDY = "rfix"
+RUNS = [["strategy=single"], ["strategy=ddp", "parallel.dp=2"], ["strategy=tp", "parallel.tp=2"],
+        ["strategy=pp", "parallel.pp=2", "strategy.schedule=1f1b"], ["strategy=ddp", "parallel.dp=3"],
+        ["strategy=nosuch"], ["strategy=ddp", "parallel.dp=2", "fault=crash_rank1", "workload.seed=7"]]
+# 1 warm-up + 5 timed steps + 1 profiled step (the comm share needs a profiled window)
+OVERRIDES = ["model=tiny", "logger=none", "workload.warmup_steps=1", "workload.steps=5", "workload.profile_steps=1",
+             "launcher.timeout_s=300"]
+_CACHE: dict = {}
+
+
+def report_study(tmp_path_factory) -> dict:
+    """The fixture study, run once per session (shared with test_report_browser.py)."""
+    if "study" not in _CACHE:
+        out = tmp_path_factory.mktemp("report_study")
+        runs = "[" + ",".join("[" + ",".join(f'"{o}"' for o in r) + "]" for r in RUNS) + "]"
+        p = cli(["-m", f"study={STUDY}", *OVERRIDES, f"hydra.sweeper.runs={runs}"], out, timeout=1200)
+        assert p.returncode == 0, p.stderr[-4000:]
+        recs = records(out, STUDY)
+        assert len(recs) == len(RUNS), [r["status"] for r in recs]
+        _CACHE["study"] = {"dir": out, "jsonl": out / f"{STUDY}.jsonl", "records": recs, "stdout": p.stdout,
+                           "stderr": p.stderr}
+    return _CACHE["study"]
+
+
+def three_d_record(base: dict) -> dict:
+    """A 3D (dp2 x tp2 x pp2) record, hand-written because no 3D strategy has landed: the tp run's
+    config with the degrees changed, the cost model's real prediction, nothing measured."""
+    from harness.config import to_run_config
+    from harness.costmodel import predict
+    from harness.dims import ParallelDims
+
+    r = copy.deepcopy(base)
+    cfg = r["config"]
+    cfg["strategy"].update({"name": "3d", "axes": ["dp", "tp", "pp"], "schedule": "1f1b"})
+    cfg["parallel"].update({"dp": 2, "tp": 2, "pp": 2})
+    cfg["hardware"]["devices_per_node"] = 4  # 2 nodes of 4, so the pp groups cross nodes
+    run = to_run_config(cfg)
+    dims = ParallelDims.from_config(run.parallel, run.launcher)
+    r.update({"run_id": "hand3d000000", "strategy": "3d", "dims": dims.as_dict(), "measured": {},
+              "predicted": predict(run, dims), "run_dir": None, "status": "ok"})
+    return r
+
+
+def by_strategy(recs: list[dict], status: str = "ok") -> dict[str, dict]:
+    return {r["strategy"]: r for r in recs if r["status"] == status}
+
+
+# -- pure parts ------------------------------------------------------------------------------------------
+def _check_schedule(sim: schedule.Simulation):
+    """Every action once, no overlap on a rank, and every dependency finished before its consumer."""
+    p, v, m = sim.pp, sim.vpp, sim.num_microbatches
+    done = {(e["action"], e["stage"], e["mb"]): e for e in sim.events}
+    split = sim.schedule in schedule.SPLIT_BACKWARD
+    assert len(done) == len(sim.events) == p * v * m * (3 if split else 2)
+    last = p * v - 1
+    for e in sim.events:
+        a, s, mb = e["action"], e["stage"], e["mb"]
+        deps = {"F": [("F", s - 1, mb)] if s else [],
+                "B": [("F", s, mb)] + ([("B", s + 1, mb)] if s < last else []),
+                "W": [("B", s, mb)]}[a]
+        for d in deps:
+            assert done[d]["end_s"] <= e["start_s"] + 1e-9, (e, done[d])
+    for r in range(p):
+        mine = sorted((e for e in sim.events if e["rank"] == r), key=lambda e: e["start_s"])
+        for x, y in zip(mine, mine[1:]):
+            assert x["end_s"] <= y["start_s"] + 1e-9, (x, y)
+        assert {e["stage"] for e in mine} == set(schedule.stages_of_rank(sim.schedule, p, v, r))
+
+
+@pytest.mark.parametrize("sched,p,v,m", [("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 2, 1, 4), ("1f1b", 3, 1, 7),
+                                         ("gpipe", 2, 1, 1), ("interleaved_1f1b", 4, 2, 8),
+                                         ("interleaved_1f1b", 2, 2, 4), ("looped_bfs", 2, 2, 4),
+                                         ("interleaved_zero_bubble", 4, 2, 8), ("zbv_zero_bubble", 4, 2, 8),
+                                         ("dualpipev", 2, 2, 4)])
+def test_schedule_simulator_respects_dependencies(sched, p, v, m):
+    _check_schedule(schedule.simulate(sched, p, m, v))
+
+
+def test_simulated_bubble_is_the_textbook_formula():
+    # the seed's example: 4 stages, 8 micro-batches -> 3/11 = 27.27 %
+    assert schedule.simulate("1f1b", 4, 8).bubble_pct == pytest.approx(100 * 3 / 11)
+    assert schedule.formula_bubble_pct(4, 8) == pytest.approx(27.2727, abs=1e-3)
+    for p, m in ((2, 4), (4, 4), (3, 9), (8, 16)):
+        f = schedule.formula_bubble_pct(p, m)
+        assert schedule.simulate("gpipe", p, m).bubble_pct == pytest.approx(f)
+        assert schedule.simulate("1f1b", p, m).bubble_pct == pytest.approx(f)
+        # interleaving v chunks per rank divides the bubble's time by v: (p-1)/(v*m + p-1)
+        assert schedule.simulate("interleaved_1f1b", p, m, 2).bubble_pct == pytest.approx(
+            schedule.formula_bubble_pct(p, m, 2))
+    # zero-bubble schedules fill the gaps with weight-gradient work: less bubble than 1F1B
+    assert schedule.simulate("interleaved_zero_bubble", 4, 8, 2).bubble_pct < schedule.formula_bubble_pct(4, 8, 2)
+    assert schedule.simulate("zbv_zero_bubble", 4, 8, 2).bubble_pct < schedule.formula_bubble_pct(4, 8)
+
+
+def test_1f1b_keeps_at_most_p_minus_rank_microbatches_in_flight():
+    sim = schedule.simulate("1f1b", 4, 8)
+    for r in range(4):
+        live, peak = 0, 0
+        for e in sorted((e for e in sim.events if e["rank"] == r), key=lambda e: e["start_s"]):
+            live += 1 if e["action"] == "F" else -1
+            peak = max(peak, live)
+        assert peak == 4 - r  # GPipe would hold all 8
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_ring_allreduce_ends_with_every_rank_holding_the_full_sum(n):
+    steps = ring.steps(n)
+    assert len(steps) == 1 + 2 * (n - 1)
+    assert all(v == n for row in steps[-1]["state"] for v in row)
+    # after the reduce-scatter half, rank i holds the full sum of exactly chunk (i + 1) mod n
+    if n > 1:
+        mid = steps[n - 1]["state"]
+        assert [[c for c in range(n) if mid[i][c] == n] for i in range(n)] == [[(i + 1) % n] for i in range(n)]
+    for st in steps[1:]:  # each step every rank sends one chunk and receives one
+        assert sorted(s for s, _, _ in st["sends"]) == sorted(d for _, d, _ in st["sends"]) == list(range(n))
+    # one chunk per step per rank over 2(n-1) steps: the nccl-tests bus factor 2(n-1)/n
+    assert ring.allreduce_bytes_per_rank(1000.0, n) == pytest.approx(2 * (n - 1) * 1000.0 / n)
+
+
+def test_amdahl_fit_recovers_the_serial_fraction():
+    for f in (0.0, 0.05, 0.3, 1.0):
+        pts = [(n, scaling.amdahl(f, n)) for n in (1, 2, 4, 8)]
+        assert scaling.fit_serial_fraction(pts) == pytest.approx(f, abs=1e-12)
+    assert scaling.fit_serial_fraction([(1, 1.0)]) is None
+
+
+def test_mesh_groups_and_node_crossing():
+    run = Run({"dims": {"dp": 2, "tp": 2, "pp": 2, "vpp": 1, "ep": 1, "world_size": 8}, "strategy": "3d",
+               "config": {"hardware": {"devices_per_node": 4}, "strategy": {"dp_shard": "fsdp"}}})
+    d = describe(run)
+    axes = {a["axis"]: a for a in d["axes"]}
+    assert axes["tp"]["groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and axes["tp"]["crossing"] == 0
+    assert axes["dp"]["groups"] == [[0, 2], [1, 3], [4, 6], [5, 7]] and axes["dp"]["crossing"] == 0
+    assert axes["pp"]["groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]] and axes["pp"]["crossing"] == 4
+    assert axes["pp"]["link"] == "inter_node" and axes["tp"]["link"] == "intra_node"
+    assert [r["node"] for r in d["ranks"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert "all-gather" in axes["dp"]["collective"]  # 3D shards the dp axis with FSDP by default
+
+
+# -- the report of a real study ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return report_study(tmp_path_factory)
+
+
+def _png_ok(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    w, h = struct.unpack(">II", data[16:24])
+    assert w > 100 and h > 100 and len(data) > 5000, (path, w, h, len(data))
+    return w, h
+
+
+@pytest.mark.slow
+def test_the_sweep_writes_the_report_and_prints_its_path_last(study):
+    recs = study["records"]
+    assert sorted(r["status"] for r in recs) == ["failed", "invalid", "invalid", "ok", "ok", "ok", "ok"]
+    assert set(by_strategy(recs)) == {"single", "ddp", "tp", "pp"}
+    html = study["dir"] / f"{STUDY}.html"
+    assert study["stdout"].strip().splitlines()[-1] == f"report: {html}"
+    assert html.stat().st_size > 1_000_000  # plotly.js inline
+    for key in ("scaling", "memory", "comm", "pipeline"):
+        _png_ok(study["dir"] / f"{STUDY}_{key}.png")
+
+
+@pytest.mark.slow
+def test_report_cli_is_self_contained_and_degrades_without_failing(study, tmp_path):
+    jsonl = tmp_path / f"{STUDY}.jsonl"
+    shutil.copy(study["jsonl"], jsonl)
+    p = cli_report(jsonl)
+    assert p.returncode == 0, p.stderr
+    html = Path(p.stdout.strip().splitlines()[-1])
+    assert html == tmp_path / f"{STUDY}.html"
+    text = html.read_text()
+    # no network: every script inline, nothing linked (the browser test also blocks every request)
+    assert "<script src" not in text and "<link " not in text
+    outside_scripts = re.sub(r"<script[^>]*>.*?</script>", "", text, flags=re.S)
+    assert "http://" not in outside_scripts and "https://" not in outside_scripts
+    assert 'class="report-error"' not in text  # every section drew, although fields are missing
+    recs = study["records"]
+    # the failed and invalid runs are listed with their reasons
+    for r in recs:
+        if r["status"] != "ok":
+            assert r["run_id"] in text
+    assert "fault injection: rank 1 crashed on purpose" in text
+    assert "global_batch_size 8 not divisible by dp*micro_batch_size 6" in text
+    assert sorted(q.name for q in tmp_path.glob("*.png")) == [f"{STUDY}_{k}.png" for k in
+                                                             ("comm", "memory", "pipeline", "scaling")]
+
+
+def cli_report(jsonl: Path, *args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "harness.report", str(jsonl), *args], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+
+
+@pytest.mark.slow
+def test_one_strategy_study(study, tmp_path):
+    # only the pipeline run: DP, TP and 3D modes say what was not run and how to run it
+    jsonl = tmp_path / "onlypp.jsonl"
+    jsonl.write_text(json.dumps(by_strategy(study["records"])["pp"]) + "\n")
+    from harness.report import write_report
+
+    html = write_report(jsonl)
+    text = html.read_text()
+    assert 'class="report-error"' not in text
+    assert "This study ran no data-parallel config" in text and "strategy=ddp parallel.dp=2" in text
+    assert "This study ran no tensor-parallel config" in text and "strategy=tp parallel.tp=2" in text
+    assert "Scaling: not measured" in text  # one device count: no curve
+    assert (tmp_path / "onlypp_pipeline.png").exists() and not (tmp_path / "onlypp_scaling.png").exists()
+
+
+def test_report_of_an_empty_or_torn_study(tmp_path):
+    # a study whose only line was torn by a killed writer: the report says so instead of failing
+    jsonl = tmp_path / "torn.jsonl"
+    jsonl.write_text('{"schema_version": 1, "run_id": "abc", "stat')
+    from harness.report import write_report
+
+    text = write_report(jsonl).read_text()
+    assert 'class="report-error"' not in text and "0 configs" in text
+
+
+@pytest.mark.slow
+def test_report_switch_and_a_report_failure_never_fail_the_sweep(tmp_path):
+    # Studies of one invalid config (refused before launch: no ranks, quick).
+    one = ["-m", "model=tiny", "logger=none", "strategy=ddp", "parallel.dp=3"]
+    p = cli([*one, "study=off", "report=false"], tmp_path)
+    assert p.returncode == 0 and not (tmp_path / "off.html").exists()
+    assert "report:" not in p.stdout
+    # a real failure: the report's path is taken by a directory, so writing it fails
+    (tmp_path / "blocked.html").mkdir()
+    p = cli([*one, "study=blocked"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "report failed" in p.stderr and "IsADirectoryError" in p.stderr
+    (r,) = records(tmp_path, "blocked")
+    assert r["status"] == "invalid"
+
+
+@pytest.mark.slow
+def test_wandb_summary_run_holds_the_study_tables(study, tmp_path):
+    from harness.report.wandb_summary import log_summary
+    from tests.wandb_file import summary_and_history
+
+    jsonl = tmp_path / f"{STUDY}.jsonl"
+    shutil.copy(study["jsonl"], jsonl)
+    where = log_summary(jsonl, None, mode="offline")
+    assert where is not None
+    assert Path(where).resolve().parent == (tmp_path / "runs" / STUDY / "_summary" / "wandb").resolve()
+    (run_file,) = Path(where).glob("run-*.wandb")
+    summary, _ = summary_and_history(run_file)
+    n = len(load(jsonl).runs)
+    assert summary["runs_table/nrows"] == n and summary["n_runs"] == n
+    assert summary["n_ok"] == 4 and summary["n_failed"] == 1 and summary["n_invalid"] == 2
+    assert summary["failed_table/nrows"] == 3
+    (table,) = Path(where).glob("files/media/table/runs_table_*.table.json")
+    data = json.loads(table.read_text())
+    assert {row[0] for row in data["data"]} == {r.run_id for r in load(jsonl).runs}
+    assert not (Path.home() / "wandb").exists() or not any((Path.home() / "wandb").glob("offline-run-*rfix*"))

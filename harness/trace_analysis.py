@@ -21,13 +21,18 @@ A union, not a sum, so two collectives in flight at once (two buckets, two axes)
 axis and per collective the same union is taken over that axis' (collective's) events alone, so the
 breakdown can add up to more than the total when axes overlap each other.
 
-Attributing a gloo event to an axis: gloo events carry no process group, so each is matched with the
+Attributing a gloo event to an axis: gloo events carry no process group (torch 2.13's gloo backend
+emits no `record_param_comms` events, which on NCCL name the group), so each is matched with the
 c10d flight-recorder entry that enqueued it (same collective, same element count, created before the
 event started, earliest first: a process group runs its queue in order). The entry names the
 process group; profiling.py recorded which mesh axis each group is. Point-to-point ops are not in
 gloo's flight recorder: they are the pipeline's (pp) when pp > 1. An event that cannot be matched
 takes the axis of other events on the same worker thread (each process group has its own threads),
 else "unknown": never dropped.
+
+Why not Holistic Trace Analysis: HTA reads GPU kernels (its comm/compute overlap is NCCL kernels
+against compute kernels per rank), so it has nothing to say about gloo's CPU threads and nothing per
+axis; the interval algebra here is the same on both devices, so CPU and CUDA figures mean the same.
 
 Caveats, with figures in results/README.md: on 2 CPU cores the gloo threads compete with compute, so
 "overlapped" time is not free (the A/B figure `comm_exposed_ab_pct` is the honest exposed cost); a

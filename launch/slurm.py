@@ -8,7 +8,7 @@ Two halves, one on each side of sbatch:
       compose each job -> its own resources            -> launch.slurm.execute on every node:
       (nodes, CPUs = ranks x cpus_per_task, GPUs)         torchrun --nnodes N --node-rank SLURM_NODEID
       skip/invalid jobs: run here, no sbatch              c10d rendezvous on the job's first node
-      sbatch one array per resource set                 task 0 writes the record (harness.job)
+      sbatch per config, <= array_parallelism at once   task 0 writes the record (harness.job)
       poll sacct (via submitit) -> JobReturn per job
 
 Why one task per node running torchrun (not one task per rank): the ranks of a node are then
@@ -18,8 +18,9 @@ ranks down when one of them dies, and brigade's parent work (validate, predict, 
 runs once per node rather than once per rank. See launch/README.md.
 
 Why a launcher subclass: the stock submitit launcher submits all jobs of a sweep as one array with
-one set of resources and raises on the first failed job (losing the rest of the sweep's results).
-A study mixes world sizes and node counts, and a job killed by SLURM must become a record.
+one set of resources, waits for all of them, and raises on the first failed job (losing the rest of
+the sweep's results). A study mixes world sizes and node counts, and a job killed by SLURM must
+become a record at once.
 """
 from __future__ import annotations
 
@@ -140,7 +141,6 @@ def job_resources(run, dims) -> dict[str, Any]:
         "gpus_per_node": gpus or None,
         "timeout_min": time_limit_min(run),
         "partition": run.launcher.partition,
-        "array_parallelism": run.launcher.array_parallelism,
         "additional_parameters": dict(run.launcher.additional_parameters),
         # squeue shows what runs: study, strategy, degrees and the run_id its record will carry.
         "name": f"brigade-{run.study}-{run.strategy.name}-{dims.label()}-{run_id(as_dict(run))}",
@@ -166,7 +166,7 @@ class BrigadeSlurmLauncher(_hydra_launcher_base()):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         returns: list = [None] * len(job_overrides)
-        groups: dict[str, list[int]] = {}
+        queue: list[tuple[int, str]] = []  # (job index, its resources as a key), in sweep order
         composed: dict[int, Any] = {}
         for i, overrides in enumerate(job_overrides):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -179,29 +179,37 @@ class BrigadeSlurmLauncher(_hydra_launcher_base()):
                                        _return_value=run_job(task_cfg))
                 continue
             composed[i] = task_cfg
-            groups.setdefault(json.dumps(resources, sort_keys=True), []).append(i)
+            queue.append((i, json.dumps(resources, sort_keys=True)))
 
-        submitted: list[tuple[int, Any]] = []
+        # One sbatch per config, at most `array_parallelism` of this sweep's jobs queued or running
+        # at once (a sweep-wide limit; SLURM's own %N limit would apply per array, i.e. per resource
+        # set). Each job's outcome is taken as soon as it ends, so a killed job's record does not
+        # wait for the slowest job of the sweep.
+        limit = max(1, int(self.params.get("array_parallelism") or 1))
+        executors: dict[str, Any] = {}
+        in_flight: list[tuple[int, Any]] = []
         try:
-            for key, idxs in groups.items():
-                executor = self._executor(json.loads(key))
-                args = [(list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{i}",
-                         Singleton.get_state()) for i in idxs]
-                for i in idxs:
+            while queue or in_flight:
+                while queue and len(in_flight) < limit:
+                    i, key = queue.pop(0)
+                    if key not in executors:
+                        executors[key] = self._executor(json.loads(key))
+                    executor = executors[key]
                     log.info(f"sbatch #{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
-                try:
-                    jobs = executor.map_array(self, *zip(*args))
-                except Exception as e:  # noqa: BLE001 - sbatch refused (too many nodes, bad partition)
-                    for i in idxs:
+                    try:
+                        job = executor.submit(self, list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i,
+                                              f"job_id_for_{i}", Singleton.get_state())
+                    except Exception as e:  # noqa: BLE001 - sbatch refused (too many CPUs, bad partition)
                         returns[i] = _failed(job_overrides[i], SlurmJobFailed(f"sbatch refused the job: {e}"))
-                    continue
-                submitted += list(zip(idxs, jobs))
-            # Each job's outcome as soon as it ends, so a killed job's record does not wait for
-            # the slowest job of the sweep.
-            for i, job in self._as_completed(submitted):
-                returns[i] = self._outcome(job, job_overrides[i], composed[i])
+                        continue
+                    in_flight.append((i, job))
+                for i, job in self._finished(in_flight):
+                    in_flight.remove((i, job))
+                    returns[i] = self._outcome(job, job_overrides[i], composed[i])
+                if in_flight:
+                    time.sleep(self.poll_s)
         except BaseException:  # Ctrl-C: do not leave the sweep's jobs running on the cluster
-            for _, job in submitted:
+            for _, job in in_flight:
                 job.cancel(check=False)
             raise
         return returns
@@ -220,17 +228,14 @@ class BrigadeSlurmLauncher(_hydra_launcher_base()):
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
         return executor
 
-    def _as_completed(self, submitted):
+    @staticmethod
+    def _finished(in_flight):
         from submitit.slurm.slurm import SlurmJob
 
-        pending = list(submitted)
-        while pending:
-            SlurmJob.watcher.update()  # one sacct for all jobs; submitit alone backs off to 10 min
-            for item in [item for item in pending if item[1].done()]:
-                pending.remove(item)
-                yield item
-            if pending:
-                time.sleep(self.poll_s)
+        if not in_flight:
+            return []
+        SlurmJob.watcher.update()  # one sacct for all jobs; submitit alone backs off to 10 min
+        return [(i, job) for i, job in in_flight if job.done()]
 
     def _outcome(self, job, overrides, task_cfg):
         """The job's JobReturn; a job that ended without one gets its `failed`/`timeout` record here."""

@@ -20,13 +20,13 @@
 #
 # Environment: BRIGADE_SLURM_DIR (state dir), BRIGADE_SLURM_PORT_BASE (default 17810: slurmctld
 # base, slurmdbd base+1, MariaDB base+2, node i base+10+i), BRIGADE_SLURM_CPUS (CPUs each node
-# advertises, default 4: more than this machine's cores, so a 4-rank job fits on one node).
+# advertises, default 8: more than this machine's cores, so an 8-rank job (3D 2x2x2) fits on one node).
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin  # the daemons live in sbin
 
 STATE=${BRIGADE_SLURM_DIR:-/tmp/brigade-slurm}
 PORT_BASE=${BRIGADE_SLURM_PORT_BASE:-17810}
-CPUS=${BRIGADE_SLURM_CPUS:-4}
+CPUS=${BRIGADE_SLURM_CPUS:-8}
 CLUSTER=brigade
 PARTITION=debug
 CTLD_PORT=$PORT_BASE

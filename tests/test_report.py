@@ -1,15 +1,14 @@
 """The report (harness/report): the pure parts (schedule simulator, ring, Amdahl fit, mesh) against
 their known answers, then the report of a real study run once per session through the CLI.
 
-The fixture study (`report_study`) is real: `brigade -m` with model=tiny on this machine, runs
-single, ddp dp=2, tp tp=2, pp pp=2 (1f1b, with its timeline files), an invalid config (dp=3), an
+The fixture study (`report_study`) is real, no hand-written record: `brigade -m` with model=tiny on
+this machine runs single, ddp dp=2, tp tp=2, pp pp=2 (1f1b, with its timeline files), 3d tp2 x pp2
+(world 4: tp inside a node, pp across the 2 "nodes" of hardware=cpu), an invalid config (dp=3), an
 unknown strategy (a record with no dims) and a rank that crashes (fault=crash_rank1). Its end-of-sweep
-hook writes the report. The only hand-written record is a 3D one (`three_d_record`), because no
-strategy combining dp, tp and pp has landed yet; its prediction is the real cost model's.
+hook writes the report.
 """
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
@@ -25,7 +24,8 @@ from tests.helpers import cli, records
 
 STUDY = "rfix"
 RUNS = [["strategy=single"], ["strategy=ddp", "parallel.dp=2"], ["strategy=tp", "parallel.tp=2"],
-        ["strategy=pp", "parallel.pp=2", "strategy.schedule=1f1b"], ["strategy=ddp", "parallel.dp=3"],
+        ["strategy=pp", "parallel.pp=2", "strategy.schedule=1f1b"], ["strategy=3d", "parallel.tp=2", "parallel.pp=2"],
+        ["strategy=ddp", "parallel.dp=3"],
         ["strategy=nosuch"], ["strategy=ddp", "parallel.dp=2", "fault=crash_rank1", "workload.seed=7"]]
 # 1 warm-up + 5 timed steps + 1 profiled step (the comm share needs a profiled window)
 OVERRIDES = ["model=tiny", "logger=none", "workload.warmup_steps=1", "workload.steps=5", "workload.profile_steps=1",
@@ -45,25 +45,6 @@ def report_study(tmp_path_factory) -> dict:
         _CACHE["study"] = {"dir": out, "jsonl": out / f"{STUDY}.jsonl", "records": recs, "stdout": p.stdout,
                            "stderr": p.stderr}
     return _CACHE["study"]
-
-
-def three_d_record(base: dict) -> dict:
-    """A 3D (dp2 x tp2 x pp2) record, hand-written because no 3D strategy has landed: the tp run's
-    config with the degrees changed, the cost model's real prediction, nothing measured."""
-    from harness.config import to_run_config
-    from harness.costmodel import predict
-    from harness.dims import ParallelDims
-
-    r = copy.deepcopy(base)
-    cfg = r["config"]
-    cfg["strategy"].update({"name": "3d", "axes": ["dp", "tp", "pp"], "schedule": "1f1b"})
-    cfg["parallel"].update({"dp": 2, "tp": 2, "pp": 2})
-    cfg["hardware"]["devices_per_node"] = 4  # 2 nodes of 4, so the pp groups cross nodes
-    run = to_run_config(cfg)
-    dims = ParallelDims.from_config(run.parallel, run.launcher)
-    r.update({"run_id": "hand3d000000", "strategy": "3d", "dims": dims.as_dict(), "measured": {},
-              "predicted": predict(run, dims), "run_dir": None, "status": "ok"})
-    return r
 
 
 def by_strategy(recs: list[dict], status: str = "ok") -> dict[str, dict]:
@@ -179,8 +160,8 @@ def _png_ok(path: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_the_sweep_writes_the_report_and_prints_its_path_last(study):
     recs = study["records"]
-    assert sorted(r["status"] for r in recs) == ["failed", "invalid", "invalid", "ok", "ok", "ok", "ok"]
-    assert set(by_strategy(recs)) == {"single", "ddp", "tp", "pp"}
+    assert sorted(r["status"] for r in recs) == ["failed", "invalid", "invalid", "ok", "ok", "ok", "ok", "ok"]
+    assert set(by_strategy(recs)) == {"single", "ddp", "tp", "pp", "3d"}
     html = study["dir"] / f"{STUDY}.html"
     assert study["stdout"].strip().splitlines()[-1] == f"report: {html}"
     assert html.stat().st_size > 1_000_000  # plotly.js inline
@@ -237,6 +218,28 @@ def test_one_strategy_study(study, tmp_path):
     assert (tmp_path / "onlypp_pipeline.png").exists() and not (tmp_path / "onlypp_scaling.png").exists()
 
 
+@pytest.mark.slow
+def test_report_of_records_without_the_newer_fields(study, tmp_path):
+    # the same real records as an older brigade wrote them: no prediction, no comm or bubble
+    # measurement, run directories gone (no timelines): every mode still draws, saying what is missing
+    recs = []
+    for r in study["records"]:
+        r = json.loads(json.dumps(r))
+        r["predicted"], r["run_dir"] = {}, None
+        r["measured"] = {k: v for k, v in (r.get("measured") or {}).items()
+                         if not k.startswith(("comm", "bubble", "profiled"))}
+        recs.append(r)
+    jsonl = tmp_path / "old.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    from harness.report import write_report
+
+    text = write_report(jsonl).read_text()
+    assert 'class="report-error"' not in text
+    assert "Measured timeline: not measured" in text and "not predicted" in text
+    assert "The measured communication share of the tp axis: not measured" in text
+    assert "Communication share by axis: not measured and not predicted" in text
+
+
 def test_report_of_an_empty_or_torn_study(tmp_path):
     # a study whose only line was torn by a killed writer: the report says so instead of failing
     jsonl = tmp_path / "torn.jsonl"
@@ -277,7 +280,7 @@ def test_wandb_summary_run_holds_the_study_tables(study, tmp_path):
     summary, _ = summary_and_history(run_file)
     n = len(load(jsonl).runs)
     assert summary["runs_table/nrows"] == n and summary["n_runs"] == n
-    assert summary["n_ok"] == 4 and summary["n_failed"] == 1 and summary["n_invalid"] == 2
+    assert summary["n_ok"] == 5 and summary["n_failed"] == 1 and summary["n_invalid"] == 2
     assert summary["failed_table/nrows"] == 3
     (table,) = Path(where).glob("files/media/table/runs_table_*.table.json")
     data = json.loads(table.read_text())

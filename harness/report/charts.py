@@ -79,8 +79,10 @@ def comm_series(study: Study) -> dict | None:
     return {"rows": rows, "axes": keys}
 
 
-def gantt_series(events: list[dict], ranks: int, end: float, unit: float = 1.0) -> dict:
-    """Bars per action (F/B/W) and idle intervals, one row per rank; times multiplied by `unit`."""
+def gantt_series(events: list[dict], ranks: int, end: float, unit: float = 1.0,
+                 labels: list[str] | None = None) -> dict:
+    """Bars per action (F/B/W) and idle intervals, one row per rank; times multiplied by `unit`;
+    `labels` names the rows (default "rank r")."""
     out = {a: {"rank": [], "start": [], "dur": [], "text": []} for a in ("F", "B", "W")}
     for e in events:
         a = e["action"] if e["action"] in out else "B"
@@ -94,17 +96,20 @@ def gantt_series(events: list[dict], ranks: int, end: float, unit: float = 1.0) 
         idle["rank"].append(g["rank"])
         idle["start"].append(g["start_s"] * unit)
         idle["dur"].append((g["end_s"] - g["start_s"]) * unit)
-    return {"actions": {a: v for a, v in out.items() if v["rank"]}, "idle": idle, "ranks": ranks, "end": end * unit}
+    labels = labels or [f"rank {r}" for r in range(ranks)]
+    return {"actions": {a: v for a, v in out.items() if v["rank"]}, "idle": idle, "ranks": ranks, "end": end * unit,
+            "labels": labels}
 
 
 def measured_gantt(timelines: list[dict]) -> dict | None:
     """The measured timeline files of one pipeline step -> gantt series in milliseconds, plus the
     bubble of each rank (1 - busy / step time, the measurement's own definition)."""
     events, ranks, end = [], 0, 0.0
-    bubbles = []
+    bubbles, stages = [], {}
     for t in timelines:
         r = int(t.get("rank", len(bubbles)))
         ranks = max(ranks, r + 1)
+        stages[r] = t.get("stages") or sorted({e.get("stage") for e in t["events"]})
         step = t.get("step_time_s") or max((e["end_s"] for e in t["events"]), default=0.0)
         end = max(end, step)
         busy = 0.0
@@ -118,6 +123,8 @@ def measured_gantt(timelines: list[dict]) -> dict | None:
         bubbles.append(100.0 * (1 - busy / step) if step else None)
     if not events:
         return None
-    series = gantt_series(events, ranks, end, unit=1e3)
+    labels = [f"rank {r} (stage {', '.join(map(str, stages[r]))})" if r in stages else f"rank {r}"
+              for r in range(ranks)]
+    series = gantt_series(events, ranks, end, unit=1e3, labels=labels)
     series["bubble_pct_per_rank"] = bubbles
     return series

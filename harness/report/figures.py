@@ -85,15 +85,15 @@ def comm(series: dict) -> go.Figure:
 
 def gantt(series: dict, title: str, unit: str) -> go.Figure:
     fig = go.Figure()
-    rows = [f"rank {r}" for r in range(series["ranks"])]
+    rows = series["labels"]
     idle = series["idle"]
     if idle["rank"]:
-        fig.add_trace(go.Bar(y=[f"rank {r}" for r in idle["rank"]], x=idle["dur"], base=idle["start"],
+        fig.add_trace(go.Bar(y=[rows[r] for r in idle["rank"]], x=idle["dur"], base=idle["start"],
                              orientation="h", name="idle (bubble)", marker=dict(color=ACTION_COLOURS["idle"],
                                                                                 pattern_shape="x"),
                              hovertemplate="idle %{x:.3g} " + unit + "<extra></extra>"))
     for action, s in series["actions"].items():
-        fig.add_trace(go.Bar(y=[f"rank {r}" for r in s["rank"]], x=s["dur"], base=s["start"], orientation="h",
+        fig.add_trace(go.Bar(y=[rows[r] for r in s["rank"]], x=s["dur"], base=s["start"], orientation="h",
                              name=ACTION_NAMES[action], text=s["text"], textposition="inside",
                              insidetextanchor="middle", marker=dict(color=ACTION_COLOURS[action],
                                                                     line=dict(width=0.5, color="#fff")),

@@ -32,9 +32,12 @@ def collectives(run, axis: str) -> str:
             return "all-reduce of gradients + broadcast of each rank's updated parameter shard"
         return "all-reduce of gradients (ring: reduce-scatter then all-gather)"
     if axis == "tp":
+        from harness.report.tp_mode import collectives_per_block
+
+        c = collectives_per_block(bool(s.get("sequence_parallel")))
         if s.get("sequence_parallel"):
             return "all-gather + reduce-scatter of activations, 2 of each per layer forward and backward"
-        return "all-reduce of activations, 2 per layer forward and 2 backward"
+        return f"all-reduce of activations, {c['fwd']} per layer forward and {c['bwd']} backward"
     if axis == "pp":
         return "send/recv of activations (forward) and their gradients (backward) between neighbour stages"
     if axis == "ep":

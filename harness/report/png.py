@@ -104,7 +104,7 @@ def _gantt(ax, series: dict, title: str, unit: str) -> None:
             ax.barh(n - 1 - r, d, left=start, color=ACTION_COLOURS[action], edgecolor="white", linewidth=0.5)
             if d > series["end"] / 60:
                 ax.text(start + d / 2, n - 1 - r, text, ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)][::-1])
+    ax.set_yticks(range(n), series["labels"][::-1])
     ax.set(title=title, xlabel=unit)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.report import charts, figures
 from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.fmt import esc, pct
-from harness.report.schedule import SPLIT_BACKWARD, formula_bubble_pct, simulate
+from harness.report.schedule import SPLIT_BACKWARD, formula_bubble_pct, simulate, stages_of_rank
 from harness.report.study import Run, Study, candidates, command_for
 
 ILLUSTRATION = (("1f1b", 4, 1, 8), ("gpipe", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_zero_bubble", 4, 2, 8))
@@ -15,7 +15,8 @@ ILLUSTRATION = (("1f1b", 4, 1, 8), ("gpipe", 4, 1, 8), ("interleaved_1f1b", 4, 2
 
 def predicted_series(schedule: str, pp: int, vpp: int, m: int):
     sim = simulate(schedule, pp, m, vpp)
-    series = charts.gantt_series(sim.events, pp, sim.makespan)
+    labels = [f"pp rank {r} (stage {', '.join(map(str, stages_of_rank(schedule, pp, sim.vpp, r)))})" for r in range(pp)]
+    series = charts.gantt_series(sim.events, pp, sim.makespan, labels=labels)
     return sim, series
 
 

@@ -25,8 +25,9 @@ def ring(widget_id: str, n: int) -> str:
     """Ranks on a circle, each with its n gradient chunks as small cells (filled as they are summed),
     and the ring's edges; the page's script sets cell opacity and edge labels per step."""
     n = max(1, min(n, MAX_RING))
-    size, cx, cy = 460, 230, 230
-    radius = 150 if n > 2 else 120
+    radius = 150 if n > 4 else (120 if n > 2 else 95)
+    size = 2 * radius + 130
+    cx = cy = size / 2
     cell = max(7, min(18, 120 // n))
     parts = [f'<svg class="ring" id="{widget_id}-svg" viewBox="0 0 {size} {size}" width="{size}" height="{size}" '
              f'role="img" aria-label="ring all-reduce among {n} ranks">',
@@ -68,7 +69,7 @@ def zero(widget_id: str, n: int, parts_bytes: dict[str, float], stage_shown: int
     state as bars; a sharded part shows only the rank's 1/n slice."""
     n_draw = max(1, min(n, 8))
     col_w, bar_w, top, height = 92, 22, 34, 150
-    width = max(560, 40 + n_draw * col_w)
+    width = max(640, 40 + n_draw * col_w)
     total = max(sum(parts_bytes.values()), 1)
     out = [f'<svg class="zero" viewBox="0 0 {width} {top + height + 48}" width="{width}" '
            f'height="{top + height + 48}" role="img" aria-label="what ZeRO shards">']
@@ -78,8 +79,8 @@ def zero(widget_id: str, n: int, parts_bytes: dict[str, float], stage_shown: int
         vis = "" if stage == stage_shown else ' style="display:none"'
         out.append(f'<g id="{widget_id}-stage-{stage}" class="zero-stage" data-stage="{stage}"{vis}>')
         per_rank = sum(parts_bytes[k] / (n if k in ZERO_SHARDS[stage] else 1) for k in names)
-        out.append(_text(20, 18, f"ZeRO-{stage}: each rank holds {nbytes(per_rank)} of model states "
-                                 f"({', '.join(ZERO_SHARDS[stage]) or 'nothing'} sharded over {n} ranks)",
+        out.append(_text(20, 18, f"ZeRO-{stage}: {nbytes(per_rank)} of model states per rank; sharded over "
+                                 f"{n} ranks: {', '.join(ZERO_SHARDS[stage]) or 'nothing'}",
                          12, anchor="start", weight="bold"))
         for r in range(n_draw):
             x = 30 + r * col_w
@@ -109,7 +110,7 @@ def zero(widget_id: str, n: int, parts_bytes: dict[str, float], stage_shown: int
 
 
 # -- TP: one block split over tp ranks -----------------------------------------------------------------
-def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float) -> str:
+def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float, counts: dict) -> str:
     """Megatron's split of one block: q/k/v and fc1 by columns (output features), o and fc2 by rows
     (input features), with the collectives between them (f/g operators of the paper)."""
     height, top = 300, 60
@@ -117,6 +118,8 @@ def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float) 
     t_draw = max(1, min(t, 8))
     fwd_in, bwd_in = ("all-gather", "reduce-scatter") if sp else ("identity", "all-reduce")
     fwd_out, bwd_out = ("reduce-scatter", "all-gather") if sp else ("all-reduce", "identity")
+    # q, k, v are separate layers in brigade's model: each reduces its input gradient (x3)
+    bwd_attn = bwd_in + (f" x{counts['attn_bwd']}" if counts.get("attn_bwd", 1) > 1 else "")
 
     def matrix(x, rows_in, cols_out, split, name, shape_txt):
         w, hh = (110, 110) if cols_out <= rows_in else (150, 90)
@@ -141,7 +144,7 @@ def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float) 
     def collective(x, fwd, bwd, tag):
         y = top + 75
         active = fwd != "identity" or bwd != "identity"
-        out.append(f'<rect x="{x - 42}" y="{y - 24}" width="84" height="48" rx="6" fill="{"#fde2e1" if active else "#f3f3f3"}" '
+        out.append(f'<rect x="{x - 46}" y="{y - 24}" width="92" height="48" rx="6" fill="{"#fde2e1" if active else "#f3f3f3"}" '
                    f'stroke="{"#e15759" if active else "#bbb"}" class="collective" data-op="{tag}"/>')
         out.append(_text(x, y - 7, f"fwd: {fwd}", 10))
         out.append(_text(x, y + 7, f"bwd: {bwd}", 10))
@@ -157,7 +160,7 @@ def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float) 
     out.append(_text(x + 25, top + 98, "(b, s, h)" if not sp else "(b, s/t, h)", 10))
     x += 50
     arrow(x, x + 20)
-    collective(x + 62, fwd_in, bwd_in, "f")
+    collective(x + 62, fwd_in, bwd_attn, "f")
     arrow(x + 104, x + 124)
     x = matrix(x + 124, h, 3 * h, "col", "W_qkv", f"h x 3h = {h} x {3 * h}; rank: {h} x {3 * hd}")
     arrow(x, x + 16)
@@ -206,7 +209,7 @@ def mesh(widget_id: str, desc: dict) -> str:
     backgrounds. Each rank carries its group index per axis (data-group-<axis>) for highlighting."""
     d = desc["dims"]
     dp, tp, pp = d["dp"], d["tp"], d["pp"]
-    cw, ch, gap = 76, 44, 48
+    cw, ch, gap = 92, 50, 64
     block_w, block_h = tp * cw, dp * ch
     width = max(620, 40 + pp * (block_w + gap))
     height = 80 + block_h + 40
@@ -234,8 +237,7 @@ def mesh(widget_id: str, desc: dict) -> str:
                 x0, y0 = 20 + s * (block_w + gap), 50 + k * rows * ch
                 node = (s * dp * tp + k * rows * tp) // per_node
                 out.append(f'<rect x="{x0 - 2}" y="{y0 - 1}" width="{block_w + 4}" height="{rows * ch + 2}" rx="6" '
-                           f'fill="none" stroke="#2f6db5" stroke-width="1.5"/>')
-                out.append(_text(x0 + block_w + 6, y0 + 12, f"node {node}", 10, anchor="start", fill="#2f6db5"))
+                           f'fill="none" stroke="#2f6db5" stroke-width="1.5"><title>node {node}</title></rect>')
     for rk in desc["ranks"]:
         x = 20 + rk["pp"] * (block_w + gap) + rk["tp"] * cw
         y = 50 + rk["dp"] * ch

@@ -1,10 +1,17 @@
 """TP mode: one block's weight matrices split over the tp ranks (Megatron: q/k/v and fc1 by columns,
 o and fc2 by rows), where the collectives run, and the bytes per layer, for one tensor-parallel run.
 
-Bytes per block per micro-batch, per rank (Shoeybi et al. 2019; Korthikanti et al. 2022 for SP): the
-f/g operators move one (b, s, h) activation of A = b*s*h*dtype bytes each; 2 all-reduces forward and
-2 backward, each sending 2(t-1)/t * A with a ring, so 8(t-1)/t * A per block per micro-batch. With
-sequence parallelism each all-reduce becomes a reduce-scatter + all-gather pair: the same bytes.
+Collectives per block per micro-batch (Shoeybi et al. 2019; Korthikanti et al. 2022 for SP), each
+moving one (b, s, h) activation of A = b*s*h*dtype bytes, counted from models/tp_plan.py's PLAN:
+
+    no SP  forward: an all-reduce after each row-parallel layer (o, fc2): 2
+           backward: an all-reduce of the input gradient of each column-parallel layer; brigade's
+           model keeps q, k, v as separate layers, so q, k, v and fc1 each reduce theirs: 4
+           (Megatron fuses qkv: 2). 6 all-reduces, 6 * 2(t-1)/t * A bytes sent per rank.
+    SP     the input of attention and of the MLP is all-gathered once (forward) and its gradient
+           reduce-scattered once (backward); each row-parallel output is reduce-scattered (forward)
+           and its gradient all-gathered (backward): 8 halves = 4 all-reduce equivalents.
+
 The embedding (vocab-parallel) and the loss add a little more; the cost model counts those too.
 """
 from __future__ import annotations
@@ -15,13 +22,33 @@ from harness.report.fmt import esc, nbytes, pct, seconds
 from harness.report.study import Run, Study, candidates, command_for
 
 
-def per_block_bytes(run: Run, t: int) -> tuple[float, float]:
-    """(activation message A, bytes one rank sends per block per micro-batch)."""
+def collectives_per_block(sp: bool) -> dict:
+    """How many collectives one block runs per micro-batch, from the model's TP plan."""
+    from models.tp_plan import PLAN
+
+    col = {"attn": 0, "mlp": 0}
+    rows = 0
+    for pattern, role in PLAN:
+        if not pattern.startswith("blocks.*."):
+            continue
+        part = pattern.split(".")[2]
+        if role == "colwise" and part in col:
+            col[part] += 1
+        rows += role == "rowwise"
+    if sp:  # gathered once per input, reduce-scattered once per row-parallel output
+        return {"fwd": 2 * 2, "bwd": 2 * 2, "allreduce_equiv": 4, "attn_bwd": 1, "mlp_bwd": 1, "rows": rows}
+    return {"fwd": rows, "bwd": col["attn"] + col["mlp"], "allreduce_equiv": rows + col["attn"] + col["mlp"],
+            "attn_bwd": col["attn"], "mlp_bwd": col["mlp"], "rows": rows}
+
+
+def per_block_bytes(run: Run, t: int) -> tuple[float, float, dict]:
+    """(activation message A, bytes one rank sends per block per micro-batch, the collective counts)."""
     b = run.cfg("workload", "micro_batch_size", default=1)
     s = run.cfg("model", "seq_len", default=1)
     h = run.cfg("model", "d_model", default=1)
+    counts = collectives_per_block(bool(run.cfg("strategy", "sequence_parallel")))
     msg = b * s * h * run.dtype_bytes
-    return msg, 4 * 2 * (t - 1) / t * msg
+    return msg, counts["allreduce_equiv"] * 2 * (t - 1) / t * msg, counts
 
 
 def render(study: Study, figs) -> str:
@@ -38,8 +65,9 @@ def render(study: Study, figs) -> str:
 
 def _schematic(run: Run, t: int) -> str:
     m = run.cfg("model", default={})
-    msg, _ = per_block_bytes(run, t)
-    return (f'<div class="scroll">{svg.tp_block(t, m["d_model"], m["d_ff"], m["n_heads"], bool(run.cfg("strategy", "sequence_parallel")), msg)}'
+    msg, _, counts = per_block_bytes(run, t)
+    sp = bool(run.cfg("strategy", "sequence_parallel"))
+    return (f'<div class="scroll">{svg.tp_block(t, m["d_model"], m["d_ff"], m["n_heads"], sp, msg, counts)}'
             "</div>")
 
 
@@ -49,19 +77,22 @@ def _panel(study: Study, run: Run) -> str:
     layers = m.get("n_layers", 0)
     mb = run.num_microbatches or 1
     pp = run.dims["pp"]
-    msg, per_block = per_block_bytes(run, t)
+    msg, per_block, counts = per_block_bytes(run, t)
     per_step = per_block * layers / pp * mb
     meas_bytes, pred_bytes = run.comm_bytes("tp")
     sp = bool(run.cfg("strategy", "sequence_parallel"))
     body = [f'<h3>{esc(run.label)}{" + sequence parallel" if sp else ""} '
             f'<span class="status s-{esc(run.status)}">{esc(run.status)}</span></h3>',
-            explain(_sentences(study, run, t, msg, per_block, per_step, meas_bytes, pred_bytes, sp)),
+            explain(_sentences(study, run, t, msg, per_block, counts, sp)),
             _schematic(run, t), "<h4>Bytes per layer and per step (tp axis, per rank)</h4>"]
     rows = [["one activation (b, s, h)", esc(nbytes(msg)), "", esc(f"b={run.cfg('workload', 'micro_batch_size')}, "
                                                                   f"s={m.get('seq_len')}, h={m.get('d_model')}, "
                                                                   f"{run.dtype_bytes} bytes/element")],
-            ["per block per micro-batch: 4 x 2(t-1)/t x A", num_span(nbytes(per_block), "tp-bytes-block"), "",
-             "2 collectives forward + 2 backward" + (" (each a reduce-scatter + all-gather pair)" if sp else "")],
+            [f"per block per micro-batch: {counts['allreduce_equiv']} x 2(t-1)/t x A",
+             num_span(nbytes(per_block), "tp-bytes-block"), "",
+             ("2 all-gathers + 2 reduce-scatters forward, the same backward (4 all-reduce equivalents)" if sp else
+              f"{counts['fwd']} all-reduces forward (after o, fc2) + {counts['bwd']} backward (input gradients of "
+              "q, k, v, fc1: separate layers here; Megatron fuses qkv)")],
             [f"blocks only, per step: x {layers // pp} blocks/rank x {mb} micro-batches",
              num_span(nbytes(per_step), "tp-bytes-blocks-step"), "", "formula"],
             ["all tp collectives per step", num_span(nbytes(meas_bytes), "tp-bytes-measured"),
@@ -74,7 +105,7 @@ def _panel(study: Study, run: Run) -> str:
     return "".join(body)
 
 
-def _sentences(study, run, t, msg, per_block, per_step, meas_bytes, pred_bytes, sp) -> list[str]:
+def _sentences(study, run, t, msg, per_block, counts, sp) -> list[str]:
     m = run.cfg("model", default={})
     out = [f"Tensor parallel splits every block's weight matrices over the {t} tp ranks: W_qkv and W_fc1 by "
            f"columns (each rank runs {m.get('n_heads', 0) // t} of the {m.get('n_heads')} attention heads and "
@@ -94,8 +125,9 @@ def _sentences(study, run, t, msg, per_block, per_step, meas_bytes, pred_bytes, 
         out.append(f"The measured communication share of the tp axis: not measured for this run"
                    + (f"; the cost model predicts {num_span(pct(pred), 'tp-comm-share-pred')} of the step at "
                       f"tp={t} on {esc(run.cfg('hardware', 'name'))}." if pred is not None else "."))
-    out.append(f"The price: every block moves one (b, s, h) activation ({esc(nbytes(msg))}) through 2 "
-               f"{'reduce-scatter/all-gather pairs' if sp else 'all-reduces'} forward and 2 backward, "
+    how = ("2 all-gathers and 2 reduce-scatters forward and the same backward" if sp else
+           f"{counts['fwd']} all-reduces forward and {counts['bwd']} backward")
+    out.append(f"The price: every block moves (b, s, h) activations ({esc(nbytes(msg))} each) through {how}, "
                f"{num_span(nbytes(per_block), 'tp-bytes')} sent per rank per block per micro-batch.")
     out.append("Choose tensor parallel when one layer's weights or activations are too big for one device, and keep "
                "it inside a node: its traffic grows with batch x sequence x hidden size, happens in every layer and "

@@ -212,11 +212,17 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
         first = min((json.loads(e.read_text()) for e in errors), key=lambda e: e.get("time", 0))
         status = "oom" if first.get("oom") else "failed"
         return status, f"rank {first['rank']}: {first['type']}: {first['message']}", {}, {}
-    if result.returncode != 0 or not mfile.exists():
+    if not mfile.exists():
         return "failed", f"workers exited with code {result.returncode}: {_tail(result.log_path)}", {}, {}
     measurement = json.loads(mfile.read_text())
     try:
-        return "ok", None, aggregate(run, dims, measurement), environment(measurement["ranks"])
+        measured = aggregate(run, dims, measurement)
+        if result.returncode != 0:
+            # Every rank's figures were gathered and written before the exit (e.g. a gloo teardown
+            # race in destroy_process_group under load): the run is measured; say what happened.
+            measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
+                                    f"measurement.json: {_tail(result.log_path, 5)}"]
+        return "ok", None, measured, environment(measurement["ranks"])
     except Exception as e:  # noqa: BLE001 - a bug in aggregation must still yield a record
         return "failed", f"aggregating measurement.json failed: {type(e).__name__}: {e}\n{traceback.format_exc()}", {}, {}
 

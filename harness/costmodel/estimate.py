@@ -437,6 +437,10 @@ def _details(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
                 params_list.append(ri.numel)
     for k, xs in lists.items():
         out[f"{k}_per_rank"] = xs
+    # The measured convention (harness/aggregate.py): each memory figure is its own max over ranks,
+    # not the figures of the rank with the highest peak (pipeline stages differ in states and activations).
+    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes"):
+        out[k] = max(lists[k])
     out["params_per_rank_list"] = params_list
     return out
 

@@ -112,9 +112,9 @@ def test_every_mode_shows_the_study_numbers(browser, full_report, tmp_path):
         assert not zero.locator('.zero-stage[data-stage="0"]').is_visible()
         page.screenshot(path=str(tmp_path / "dp_ring_done.png"))
 
-        # TP: the tp=2 run; its split, the per-block bytes and the measured comm share
+        # TP: the 3d run's tp=2; its split, the per-block bytes and the measured comm share
         click_mode(page, "tp", tmp_path)
-        tp = ok["tp"]
+        tp = ok["3d"]
         m = tp["config"]["model"]
         a = tp["config"]["workload"]["micro_batch_size"] * m["seq_len"] * m["d_model"] * 4
         # brigade runs 6 all-reduces per block (o, fc2 forward; q, k, v, fc1 input grads backward)
@@ -124,9 +124,9 @@ def test_every_mode_shows_the_study_numbers(browser, full_report, tmp_path):
         assert page.locator("#mode-tp svg.tp-block:visible").count() == 1
         assert page.locator('#mode-tp .collective[data-op="g"]:visible').count() == 2
 
-        # PP: predicted and measured Gantt charts drawn by plotly, bubble three ways
+        # PP: the 3d run's pp=2 1f1b; predicted and measured Gantt charts, bubble four ways
         click_mode(page, "pp", tmp_path)
-        pp = ok["pp"]
+        pp = ok["3d"]
         p_, m_ = 2, pp["measured"]["num_microbatches"]
         assert key(page, "pp-bubble-formula") == pct(100 * (p_ - 1) / (m_ + p_ - 1))
         assert key(page, "pp-bubble-sim") == pct(100 * (p_ - 1) / (m_ + p_ - 1))

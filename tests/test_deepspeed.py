@@ -116,7 +116,7 @@ def test_zero3_optimizer_offload_matches_single(tmp_path, single_reference):
     assert_losses_match(m["losses"], ref["measured"]["losses"])
     assert generated_config(rec)["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     # on the device: the param partition only; master, its grads and AdamW live in host memory
-    assert m["model_states_bytes_per_rank"] == [n4 // 2] * 2
+    assert m["model_states_bytes_per_rank"] == rec["predicted"]["model_states_bytes_per_rank"] == [n4 // 2] * 2
     assert m["deepspeed"]["offloaded_bytes"] == {"master_bytes": n4 // 2, "grads_bytes": n4 // 2,
                                                  "optimizer_bytes": n4 + ADAM_STEP_BYTES}
 

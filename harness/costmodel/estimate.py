@@ -100,7 +100,9 @@ class Strategy:
         self.reshard_after_forward = bool(s.reshard_after_forward)
         self.bucket_bytes = s.bucket_cap_mb * 1024**2
         self.comm_hook, self.powersgd_rank = s.comm_hook, s.powersgd_rank
-        self.overlap_comm = bool(s.ds.overlap_comm) if s.engine == "deepspeed" else True
+        # DeepSpeed: None means DeepSpeed's own default, which overlaps at stage 3 only
+        ds_overlap = s.ds.overlap_comm if s.ds.overlap_comm is not None else s.zero_stage == 3
+        self.overlap_comm = bool(ds_overlap) if s.engine == "deepspeed" else True
         # (stage, persistence threshold, offload): memory.deepspeed leaves offloaded states out
         self.ds_knobs = ((s.zero_stage, s.ds.stage3_param_persistence_threshold, s.offload)
                          if s.engine == "deepspeed" else ())

@@ -18,6 +18,7 @@ reads "not measured" / "not predicted", never an error. The same summary can go 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -71,9 +72,13 @@ def write_report(records_path: str | Path, out_path: str | Path | None = None, p
     study = load(records_path)
     html_path = Path(out_path) if out_path else records_path.with_suffix(".html")
     html_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = html_path.with_suffix(".html.tmp")
-    tmp.write_text(page.build(study), encoding="utf-8")
-    tmp.replace(html_path)  # a reader never sees half a page
+    # a reader never sees half a page, and two writers (SLURM array jobs ending together) never share a file
+    tmp = html_path.with_name(f".{html_path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(page.build(study), encoding="utf-8")
+        tmp.replace(html_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     if pngs:
         write_pngs(study, html_path)
     return html_path

@@ -11,7 +11,7 @@ import json
 
 from harness.report import ring as ringmod
 from harness.report import svg
-from harness.report.blocks import explain, kv, notice, num_span, selector, table
+from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.fmt import esc, nbytes, pct, rate, seconds
 from harness.report.study import Run, Study, candidates, command_for
 

@@ -28,7 +28,7 @@ header { padding:18px 28px 8px; background:#fff; border-bottom:1px solid var(--l
 header h1 { margin:0 0 4px; font-size:22px; }
 header .meta { color:var(--muted); margin:0; }
 main { padding:10px 28px 40px; max-width:1500px; }
-h2 { margin:28px 0 8px; font-size:19px; border-bottom:2px solid var(--line); padding-bottom:4px; }
+h2 { margin:28px 0 8px; font-size:19px; border-bottom:2px solid var(--line); padding-bottom:4px; scroll-margin-top:64px; }
 h3 { margin:16px 0 6px; font-size:16px; } h4 { margin:18px 0 6px; font-size:14px; }
 nav.modes { position:sticky; top:0; z-index:10; display:flex; gap:6px; padding:10px 28px; background:#fff;
   border-bottom:1px solid var(--line); }

@@ -84,7 +84,8 @@ class Run:
         stage = self.cfg("strategy", "zero_stage", default=0)
         zero = f" ZeRO-{stage}" if self.engine == "deepspeed" and stage else ""
         sched = f" {self.cfg('strategy', 'schedule')}" if self.dims["pp"] > 1 else ""
-        return f"{self.strategy}{engine}{zero} {self.degrees}{sched}"
+        degrees = f" {self.degrees}" if self.degrees != "1" else ""
+        return f"{self.strategy}{engine}{zero}{degrees}{sched}"
 
     @property
     def measured(self) -> dict:

@@ -31,8 +31,9 @@ def ring(widget_id: str, n: int) -> str:
     cell = max(7, min(18, 120 // n))
     parts = [f'<svg class="ring" id="{widget_id}-svg" viewBox="0 0 {size} {size}" width="{size}" height="{size}" '
              f'role="img" aria-label="ring all-reduce among {n} ranks">',
-             '<defs><marker id="' + widget_id + '-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-             'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>']
+             '<defs><marker id="' + widget_id + '-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="11" '
+             'markerHeight="11" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+             '<path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>']
     pos = [(cx + radius * math.sin(2 * math.pi * i / n), cy - radius * math.cos(2 * math.pi * i / n)) for i in range(n)]
     for i in range(n if n > 1 else 0):
         (x1, y1), (x2, y2) = pos[i], pos[(i + 1) % n]

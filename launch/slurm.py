@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+
 from launch.local import LaunchResult, run_workers, torchrun_argv, worker_env
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,34 @@ class SlurmJobFailed(RuntimeError):
     """A SLURM job that ended without a record from its task (killed, failed to start, ...)."""
 
 
+class SlurmJobSignalled(RuntimeError):
+    """SLURM's warning signal reached the job (its time limit is near, or it is being preempted)."""
+
+    def __init__(self, message: str, timed_out: bool):
+        super().__init__(message, timed_out)  # both in args: the exception is pickled back to the sweep
+
+    @property
+    def timed_out(self) -> bool:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _minutes_left() -> float | None:
+    """Time left before this job's limit (squeue %L: [D-]H:MM:SS or M:SS), None if unknown."""
+    try:
+        left = subprocess.run(["squeue", "-h", "-j", os.environ["SLURM_JOB_ID"], "-o", "%L"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        days, _, hms = left.rpartition("-")
+        parts = [int(x) for x in hms.split(":")]
+    except (OSError, subprocess.SubprocessError, KeyError, ValueError):
+        return None
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]) / 60
+
+
 def job_resources(run, dims) -> dict[str, Any]:
     """sbatch resources of one config, in the submitit launcher's parameter names."""
     from harness.config import as_dict
@@ -147,13 +177,7 @@ def job_resources(run, dims) -> dict[str, Any]:
     }
 
 
-def _hydra_launcher_base():
-    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-
-    return SlurmLauncher
-
-
-class BrigadeSlurmLauncher(_hydra_launcher_base()):
+class BrigadeSlurmLauncher(SubmititSlurmLauncher):
     """Hydra's submitit SLURM launcher with per-config resources and failures as JobReturns."""
 
     poll_s = 3.0  # sacct at most this often (submitit's own back-off reaches 10 min)
@@ -250,16 +274,31 @@ class BrigadeSlurmLauncher(_hydra_launcher_base()):
         try:
             ret = task0.results()[0]
             assert isinstance(ret, JobReturn), ret
-            return ret
+            signalled = ret._return_value if isinstance(ret._return_value, SlurmJobSignalled) else None
+            if signalled is None:
+                return ret  # a record (or the job function's own exception, recorded by the sweeper)
+            error, timed_out = signalled, signalled.timed_out
         except Exception as e:  # noqa: BLE001 - killed, timed out, node failure: no result pickle
-            record = _record_of_job(task_cfg, job.job_id)
-            if record is None:  # the usual case; else the task wrote it and was killed before returning
-                from harness.sweep import launcher_failure
+            error = SlurmJobFailed(f"SLURM job {job.job_id} ended {state} without a record: "
+                                   f"{type(e).__name__}: {str(e)[-1500:]}")
+            timed_out = state.startswith("TIMEOUT")
+        record = _record_of_job(task_cfg, job.job_id)
+        if record is None:  # the usual case; else the task wrote it and was killed before returning
+            from harness.sweep import launcher_failure
 
-                record = launcher_failure(task_cfg, SlurmJobFailed(
-                    f"SLURM job {job.job_id} ended {state} without a record: {type(e).__name__}: {str(e)[-1500:]}"),
-                    status="timeout" if state.startswith("TIMEOUT") else "failed")
-            return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
+            record = launcher_failure(task_cfg, error, status="timeout" if timed_out else "failed")
+        return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit in the job when SLURM's warning signal arrives (signal_delay_s before
+        the time limit, or on preemption). Hydra's launcher would requeue the job; brigade never
+        requeues a benchmark: the run ends here (its ranks are killed on the way out) as a record."""
+        left = _minutes_left()
+        timed_out = left is not None and left * 60 <= self.params.get("signal_delay_s", 30) + 60
+        why = (f"its time limit is {left * 60:.0f} s away (launcher.time_min)" if timed_out
+               else "preempted" if left is not None else "time limit near or preempted")
+        raise SlurmJobSignalled(f"SLURM job {slurm_job_id()} signalled: {why}; brigade does not requeue runs",
+                                timed_out)
 
 
 def _completed():

@@ -199,7 +199,7 @@ wait_for() {  # wait_for NAME LOG SECONDS TEST...
   shift 3
   local t0=$SECONDS pid exe
   read -r _ pid exe < <(grep "^$name " "$PIDS" | tail -1)
-  until "$@" >/dev/null 2>&1; do
+  until "$@" >"$STATE/log/check.out" 2>&1; do
     local gone=0
     # Past the first second the exec is done: a PID that is no longer EXE has exited.
     ((SECONDS - t0 >= 2)) && ! alive "$pid" "$exe" && gone=1
@@ -207,6 +207,8 @@ wait_for() {  # wait_for NAME LOG SECONDS TEST...
       ((gone)) && log "$name exited; last lines of $logf:" ||
         log "$name did not come up within ${secs}s; last lines of $logf:"
       tail -25 "$logf" >&2 || true
+      log "the check '$*' said:"
+      tail -5 "$STATE/log/check.out" >&2 || true
       stop_daemons
       exit 1
     fi
@@ -342,6 +344,8 @@ cmd_start() {
     esac
   done
   [[ $nodes == 1 || $nodes == 2 ]] || die "--nodes must be 1 or 2, got $nodes"
+  [[ $CPUS =~ ^[1-9][0-9]*$ ]] || die "BRIGADE_SLURM_CPUS must be a positive integer, got '$CPUS'"
+  [[ $PORT_BASE =~ ^[1-9][0-9]*$ ]] || die "BRIGADE_SLURM_PORT_BASE must be a port number, got '$PORT_BASE'"
   mkdir -p "$STATE/log"
   exec 9>"$STATE/lock"
   flock -w 120 9 || die "another start/stop holds $STATE/lock"

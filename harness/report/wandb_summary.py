@@ -110,6 +110,10 @@ def log_summary(records_path: str | Path, html_path: str | Path | None = None, m
                             "report_html": str(html_path) if html_path else None})
         where = str(Path(run.dir).parent)
         run.finish()
+        # finish() can return before the W&B service has written the run file to disk (seen offline:
+        # the file still 7 bytes long); teardown waits for the service, so the run is complete when
+        # this returns and nothing is lost if the process exits next (the end of a sweep).
+        wandb.teardown()
         return where
     except Exception as e:  # noqa: BLE001 - W&B must never fail a study or its report
         print(f"W&B summary logging failed ({type(e).__name__}: {e}); the records and the report are unaffected")

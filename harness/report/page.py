@@ -63,6 +63,7 @@ td.error { font-family:ui-monospace,Menlo,monospace; font-size:12px; max-width:9
 .grid2, .gantt-grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(520px, 1fr)); gap:12px; }
 .plot { min-height:260px; background:#fff; }
 .scroll { overflow-x:auto; }
+svg.tp-block, svg.mesh, svg.zero, svg.ring { max-width:100%; height:auto; }
 .ring-widget, .zero-widget, .mesh-widget { margin:10px 0; }
 .ring-controls, .zero-buttons, .mesh-buttons { display:flex; gap:6px; align-items:center; margin:6px 0; flex-wrap:wrap; }
 .ring-controls button, .zero-buttons button, .mesh-buttons button { font:inherit; padding:3px 10px; border:1px solid var(--line);

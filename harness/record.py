@@ -7,6 +7,7 @@ file. Records are never rewritten; a reader skips a torn last line.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -17,11 +18,37 @@ STATUSES = ("ok", "invalid", "failed", "timeout", "oom")
 
 
 def run_id(config: dict) -> str:
-    """Hash of the resolved config, less the fields that do not change what is measured."""
+    """Hash of the resolved config, less the fields that do not change what is measured and less
+    the values equal to the schema's defaults, so that adding a field with a default to the schema
+    keeps every existing run_id (a resumed study still finds its done runs)."""
     from harness.config import NON_SEMANTIC_KEYS
 
-    semantic = {k: v for k, v in config.items() if k not in NON_SEMANTIC_KEYS}
+    defaults = _schema_defaults()
+    semantic = {k: v for k, v in _flatten(config).items()
+                if k.split(".")[0] not in NON_SEMANTIC_KEYS and defaults.get(k, _ABSENT) != v}
     return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+_ABSENT = object()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> dict:
+    from omegaconf import OmegaConf
+
+    from harness.config import RunConfig
+
+    return _flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig), throw_on_missing=False))
 
 
 def records_path(results_dir: str | Path, study: str) -> Path:

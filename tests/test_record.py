@@ -32,6 +32,13 @@ def test_torn_last_line_is_skipped_and_next_append_starts_fresh(tmp_path):
     assert [r["run_id"] for r in rec.read(path)] == ["a", "b"]
 
 
+def test_run_id_survives_a_new_schema_field_left_at_its_default():
+    old = {"model": {"n_layers": 2}, "workload": {"steps": 10}}
+    new = {"model": {"n_layers": 2, "dropout": 0.0}, "workload": {"steps": 10, "compile": False}}
+    assert rec.run_id(old) == rec.run_id(new)
+    assert rec.run_id(old) != rec.run_id({"model": {"n_layers": 2, "dropout": 0.1}, "workload": {"steps": 10}})
+
+
 def test_run_id_ignores_where_results_go():
     a = {"model": {"n_layers": 2}, "results_dir": "x", "logger": {"name": "wandb"}, "study": "s"}
     b = {"model": {"n_layers": 2}, "results_dir": "y", "logger": {"name": "none"}, "study": "t"}

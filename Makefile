@@ -36,7 +36,7 @@ chromium:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null; }
 
 bench: $(STAMP)
-	$(PY) -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,max,rounds -q -p no:cacheprovider
+	$(PY) -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,max,rounds -q -s -p no:cacheprovider
 
 clean-results:
 	rm -rf results/runs results/hydra results/*.jsonl results/*.html results/*.png

@@ -6,7 +6,7 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 """
 from __future__ import annotations
 
-from harness import measure
+from harness import stats
 from harness.costmodel.flops import model_flops_per_step
 
 PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
@@ -17,7 +17,7 @@ MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes",
 def aggregate(run, dims, measurement: dict) -> dict:
     ranks = sorted(measurement["ranks"], key=lambda r: r["rank"])
     steps = [max(ts) for ts in zip(*(r["step_times"] for r in ranks))]
-    out = measure.step_stats(steps)
+    out = stats.step_stats(steps)
     out["steps_timed"] = len(steps)
     out["step_times_s"] = steps
     tokens = run.workload.global_batch_size * run.model.seq_len
@@ -52,7 +52,7 @@ def aggregate(run, dims, measurement: dict) -> dict:
 def _comm(ranks: list[dict]) -> dict:
     """The profiled window's communication figures (harness/profiling.py), merged across ranks:
     shares mean over ranks, bytes max over ranks (trace_analysis.merge_ranks), A/B max per step."""
-    from harness.profiling import merge
+    from harness.comm_merge import merge
 
     return merge(ranks)
 

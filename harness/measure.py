@@ -7,10 +7,11 @@ model built before sharding), so it is reported only as a labelled sanity figure
 from __future__ import annotations
 
 import resource
-import statistics
 import time
 
 import torch
+
+from harness.stats import percentile, step_stats  # noqa: F401 - pure, re-exported for callers
 
 
 def synchronize(device: torch.device) -> None:
@@ -70,23 +71,6 @@ def nvml_memory(device: torch.device) -> dict[str, int]:
         return {"device_mem_used_nvml_bytes": int(torch.cuda.device_memory_used(device))}
     except Exception:  # noqa: BLE001 - NVML is a cross-check, never a reason to fail a run
         return {}
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Linearly interpolated percentile, q in [0, 100] (numpy's default method)."""
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def step_stats(step_times: list[float]) -> dict[str, float]:
-    return {"step_time_s": statistics.median(step_times),
-            "step_time_s_p10": percentile(step_times, 10),
-            "step_time_s_p90": percentile(step_times, 90),
-            "step_time_s_mean": statistics.fmean(step_times),
-            "step_time_s_std": statistics.pstdev(step_times)}
 
 
 class Clock:

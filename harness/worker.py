@@ -101,9 +101,11 @@ def _run(run_dir: Path, rank: int) -> None:
         backend = "gloo"
     # The c10d flight recorder logs every collective (group, sizes) for the profiled window's byte
     # counts and axis attribution (harness/profiling.py); it must be sized before the group exists.
-    from harness.profiling import FR_BUFFER_SIZE
+    # Only when there is a profiled window: otherwise it would cost every timed step for nothing.
+    if run.workload.profile_steps > 0:
+        from harness.profiling import FR_BUFFER_SIZE
 
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
     # A collective that never completes (a lost peer) raises after this, instead of hanging.
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=max(60, run.launcher.timeout_s / 2)))
     assert dist.get_world_size() == dims.world_size, (dist.get_world_size(), dims.world_size)

@@ -30,14 +30,16 @@ def strategy_label(r: dict) -> str:
 
 def results_table(records: list[dict], title: str) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("strategy", "degrees", "step s", "pred s", "tokens/s", "MFU %", "states/rank", "pred", "status"):
+    for col in ("strategy", "degrees", "batch", "step s", "pred s", "tokens/s", "MFU %", "states/rank", "pred",
+                "status"):
         t.add_column(col, justify="left" if col in ("strategy", "degrees", "status") else "right",
                      no_wrap=col != "status")
     for r in records:
         m, p = r.get("measured") or {}, r.get("predicted") or {}
         status = r["status"]
         note = "" if status == "ok" else f" {escape((r.get('error') or '')[:90])}"
-        t.add_row(strategy_label(r), degrees(r.get("dims") or {}),
+        batch = (r.get("config") or {}).get("workload", {}).get("global_batch_size")  # tells weak from strong scaling
+        t.add_row(strategy_label(r), degrees(r.get("dims") or {}), _fmt(batch, "{}"),
                   _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
                   _fmt(m.get("tokens_per_s"), "{:.0f}"), _fmt(m.get("mfu_pct"), "{:.1f}"),
                   human_bytes(m.get("model_states_bytes")), human_bytes(p.get("model_states_bytes")),

@@ -48,50 +48,47 @@ def scaling(series: dict | None, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def memory(series: dict | None, path: Path) -> Path | None:
-    if not series:
-        return None
-    labels = series["labels"]
+def _measured_vs_predicted_bars(labels: list[str], stacks: dict, title: str, ylabel: str, path: Path) -> Path:
+    """Two stacked bars per label, measured (solid) beside predicted (hatched).
+    stacks: {side: [(name, colour, values per label)]}; a stack with no value is left out."""
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels) + 2), 4))
     width = 0.38
     for k, (side, hatch) in enumerate((("measured", ""), ("predicted", "//"))):
         bottom = [0.0] * len(labels)
         xs = [i + (k - 0.5) * width for i in range(len(labels))]
-        for part, values in series[side].items():
-            if not any(v is not None for v in values):
+        for name, colour, ys in stacks[side]:
+            if not any(ys):
                 continue
-            ys = [v / MiB if v is not None else 0.0 for v in values]
-            ax.bar(xs, ys, width, bottom=bottom, color=PART_COLOURS[part], hatch=hatch, edgecolor="#333",
-                   linewidth=0.5, label=f"{part[:-6]} ({side})")
+            ax.bar(xs, ys, width, bottom=bottom, color=colour, hatch=hatch, edgecolor="#333", linewidth=0.5,
+                   label=f"{name} ({side})")
             bottom = [b + y for b, y in zip(bottom, ys)]
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set(title="Memory per device: measured (solid) vs predicted (hatched)", ylabel="MiB (max over ranks)")
+    ax.set(title=title, ylabel=ylabel)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+def memory(series: dict | None, path: Path) -> Path | None:
+    if not series:
+        return None
+    stacks = {side: [(part[:-6], PART_COLOURS[part], [v / MiB if v is not None else 0.0 for v in values])
+                     for part, values in series[side].items() if any(v is not None for v in values)]
+              for side in ("measured", "predicted")}
+    return _measured_vs_predicted_bars(series["labels"], stacks,
+                                       "Memory per device: measured (solid) vs predicted (hatched)",
+                                       "MiB (max over ranks)", path)
 
 
 def comm(series: dict | None, path: Path) -> Path | None:
     if not series:
         return None
     rows = series["rows"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows) + 2), 4))
-    width = 0.38
-    for k, (side, hatch) in enumerate((("measured", ""), ("predicted", "//"))):
-        bottom = [0.0] * len(rows)
-        xs = [i + (k - 0.5) * width for i in range(len(rows))]
-        for axis in series["axes"]:
-            ys = [((r[side] or {}).get(axis) or 0.0) for r in rows]
-            if not any(ys):
-                continue
-            ax.bar(xs, ys, width, bottom=bottom, color=AXIS_COLOURS.get(axis, AXIS_COLOURS["other"]), hatch=hatch,
-                   edgecolor="#333", linewidth=0.5, label=f"{axis} ({side})")
-            bottom = [b + y for b, y in zip(bottom, ys)]
-    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=20, ha="right", fontsize=8)
-    ax.set(title="Communication share of the step by axis", ylabel="% of step time")
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    stacks = {side: [(axis, AXIS_COLOURS.get(axis, AXIS_COLOURS["other"]),
+                      [((r[side] or {}).get(axis) or 0.0) for r in rows]) for axis in series["axes"]]
+              for side in ("measured", "predicted")}
+    return _measured_vs_predicted_bars([r["label"] for r in rows], stacks,
+                                       "Communication share of the step by axis", "% of step time", path)
 
 
 def _gantt(ax, series: dict, title: str, unit: str) -> None:

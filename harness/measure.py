@@ -11,7 +11,6 @@ import time
 
 import torch
 
-from harness.stats import percentile, step_stats  # noqa: F401 - pure, re-exported for callers
 
 
 def synchronize(device: torch.device) -> None:

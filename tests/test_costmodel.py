@@ -14,7 +14,7 @@ from hypothesis import strategies as hs
 from harness.costmodel import activations, comm, pipeline
 from harness.costmodel.estimate import Hardware, Model, Strategy, evaluate
 from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-from harness.costmodel.params import params_total, rank_inventory, numel
+from harness.costmodel.params import rank_inventory, numel
 from harness.predict import compose_run, predict_overrides
 from tests.helpers import REPO
 
@@ -149,7 +149,7 @@ def test_pipeline_stages_hold_their_layers():
     single = predicted("model=tiny")
     first, last = p["params_per_rank_list"]
     assert first + last == single["params_total"]
-    h, V, s = 128, 1024, 64
+    h, s = 128, 64
     assert first - last == s * h - 2 * h  # both hold 2 blocks; the embedding (V*h) matches the head (V*h)
 
 

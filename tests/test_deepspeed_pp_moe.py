@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import assert_losses_match, run
+from tests.helpers import assert_losses_match
 from tests.test_deepspeed import ADAM_STEP_BYTES, generated_config, refusal, run_deepspeed
 
 

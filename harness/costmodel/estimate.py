@@ -259,7 +259,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
 
 def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     """The prediction of a layout for micro-batch size mb, m micro-batches per step and a checkpointing mode."""
-    md, st, hw = lo.md, lo.st, lo.hw
+    md, st = lo.md, lo.st
     dp, tp, pp, v, fam = lo.dp, lo.tp, lo.pp, lo.v, st.fam
     tokens_mb = mb * md.s
     layer_act = lo.act_seq[ckpt] * mb

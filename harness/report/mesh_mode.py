@@ -31,7 +31,6 @@ def _panel(run: Run, wid: str) -> str:
     title = f'<h3>{esc(run.label)} <span class="status s-{esc(run.status)}">{esc(run.status)}</span></h3>'
     if desc is None:
         return title + notice(f"The degrees of this run do not form a valid mesh: {run.dims}")
-    d = desc["dims"]
     buttons = ['<button type="button" class="mesh-btn active" data-axis="node">nodes</button>']
     buttons += [f'<button type="button" class="mesh-btn" data-axis="{a["axis"]}">{a["axis"]} groups</button>'
                 for a in desc["axes"]]

@@ -122,7 +122,7 @@ def _sentences(study, run, t, msg, per_block, counts, sp) -> list[str]:
                    f"bus bandwidth); none of it overlaps compute, because every matmul waits for its input.")
     else:
         pred = (run.predicted_comm_share_by_axis() or {}).get("tp")
-        out.append(f"The measured communication share of the tp axis: not measured for this run"
+        out.append("The measured communication share of the tp axis: not measured for this run"
                    + (f"; the cost model predicts {num_span(pct(pred), 'tp-comm-share-pred')} of the step at "
                       f"tp={t} on {esc(run.cfg('hardware', 'name'))}." if pred is not None else "."))
     how = ("2 all-gathers and 2 reduce-scatters forward and the same backward" if sp else

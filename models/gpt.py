@@ -20,6 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from models.layers import MLP
+from models.moe import MoE
+
 
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float, attention: str):
@@ -56,17 +59,6 @@ class Attention(nn.Module):
         return F.dropout(self.o(y), self.dropout, self.training)
 
 
-class MLP(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
-        super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff, bias=False)
-        self.fc2 = nn.Linear(d_ff, d_model, bias=False)
-        self.dropout = dropout
-
-    def forward(self, x):
-        return F.dropout(self.fc2(F.gelu(self.fc1(x))), self.dropout, self.training)
-
-
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -74,8 +66,6 @@ class Block(nn.Module):
         self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         if cfg.n_experts:
-            from models.moe import MoE
-
             self.mlp = MoE(cfg)
         else:
             self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)

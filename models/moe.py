@@ -36,7 +36,7 @@ and each expert runs on its own rows, so no FLOPs go to padding. Each row's resu
 expert parallelism (harness/strategies/ep.py) replaces it with an all-to-all exchange.
 
 The same layer in DeepSpeed (tests/test_moe.py checks outputs, aux loss, drops and gradients):
-    deepspeed.moe.layer.MoE(h, expert=models.gpt.MLP(h, d_ff, dropout), num_experts=E, ep_size=ep, k=top_k,
+    deepspeed.moe.layer.MoE(h, expert=models.layers.MLP(h, d_ff, dropout), num_experts=E, ep_size=ep, k=top_k,
         capacity_factor=cf or 1.0, eval_capacity_factor=cf or 1.0, min_capacity=MIN_CAPACITY,
         drop_tokens=cf > 0, use_rts=False, noisy_gate_policy=None, top2_2nd_expert_sampling=False)
     weights: mlp.router.weight -> deepspeed_moe.gate.wg.weight; mlp.experts.<e> ->
@@ -55,7 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.gpt import MLP
+from models.layers import MLP
 
 MIN_CAPACITY = 4  # DeepSpeed MoE layer's default min_capacity; pass the same to a DeepSpeed layer
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from models.gpt import MLP
+from models.layers import MLP
 from models.moe import MIN_CAPACITY, MoE
 from tests.helpers import run
 

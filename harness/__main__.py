@@ -6,20 +6,17 @@
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import register_configs
+from harness.config import CONF_DIR, register_configs
 
 register_configs()
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")  # absolute: works from any cwd
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict:
-    from harness.job import run_job
+    from harness.run.job import run_job
 
     return run_job(cfg)
 

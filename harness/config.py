@@ -2,14 +2,17 @@
 
 YAML files in conf/ hold values; these dataclasses hold the schema, so a typo in an override is
 an error, not a silently ignored key. This module imports no torch: the parent process, the cost
-model and `harness.predict` all read it.
+model and `harness.tools.predict` all read it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # absolute: works from any cwd
 
 
 @dataclass
@@ -114,7 +117,7 @@ class HardwareConfig:
     achievable_tflops: dict[str, float] = field(default_factory=dict)  # measured matmul rate; falls back to peak
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
-    collectives: dict[str, Any] = field(default_factory=dict)  # calibrated per-collective figures (harness.calibrate)
+    collectives: dict[str, Any] = field(default_factory=dict)  # calibrated per-collective figures (harness.tools.calibrate)
     memory_bw_GBps: float = 0.0  # achievable memory bandwidth of one device, GB/s: memory-bound work (optimizer step, element-wise ops) in the cost model; 0 = not modelled
     precisions: list[str] = field(default_factory=lambda: ["fp32"])  # workload.precision values it can run
     source: dict[str, str] = field(default_factory=dict)  # where each number comes from
@@ -181,6 +184,16 @@ def register_configs() -> None:
     for group, node in (("model", ModelConfig), ("strategy", StrategyConfig), ("workload", WorkloadConfig),
                         ("hardware", HardwareConfig), ("launcher", LauncherConfig), ("logger", LoggerConfig)):
         cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+def compose_run(overrides: list[str]) -> "RunConfig":
+    """Hydra's compose API over conf/ -> RunConfig (the same composition `brigade` does)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return to_run_config(cfg)
 
 
 def to_run_config(cfg: Any) -> RunConfig:

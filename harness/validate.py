@@ -5,12 +5,9 @@ no branch here unless it brings a new constraint.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-from harness.config import RunConfig
+from harness.config import CONF_DIR, RunConfig
 from harness.dims import ConfigError, ParallelDims
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 CHECKPOINTING = ("none", "selective", "full")
 # Pipeline schedules: (virtual stages per rank it needs: None = any >= 2, 1 = exactly one, 2 = V-shape)
@@ -200,7 +197,7 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
         if s.offload == "none":
             raise ConfigError("strategy.ds.cpu_adam=true steps the optimizer on the host: it needs "
                               "strategy.offload=optimizer or optimizer+params")
-        from harness.ds_config import prebuilt_ops
+        from harness.strategies.deepspeed.config import prebuilt_ops
 
         if not prebuilt_ops().get("cpu_adam"):
             raise ConfigError("strategy.ds.cpu_adam=true but this DeepSpeed install has no prebuilt cpu_adam op: "

@@ -11,7 +11,7 @@
 #   1. gpu_single: strategy=single, bf16-mixed, model gpt2_124m and gpt_1_3b (10 timed steps each,
 #      step time from CUDA events, peak memory from max_memory_allocated/reserved and NVML, comm 0)
 #   2. with 4 or more GPUs: experiment=dp_vs_3d on this hardware (NCCL; comm share from NCCL kernels)
-#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.fidelity)
+#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.fidelity)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -47,7 +47,7 @@ fi
 $PY - "$RESULTS" <<'PYEOF'
 import sys
 from pathlib import Path
-from harness.record import latest_by_run_id, read
+from harness.run.record import latest_by_run_id, read
 for study in ("gpu_single", "dp_vs_3d"):
     path = Path(sys.argv[1]) / f"{study}.jsonl"
     if not path.exists():

@@ -29,7 +29,7 @@ def compose_config(overrides: list[str], results_dir: Path):
 
 def run(overrides: list[str], results_dir: Path, fast: bool = True) -> dict:
     """Run one config; return its record (also appended to <results_dir>/<study>.jsonl)."""
-    from harness.job import run_job
+    from harness.run.job import run_job
 
     return run_job(compose_config([*(FAST if fast else []), *overrides], results_dir))
 

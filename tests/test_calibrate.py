@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from harness.calibrate import COLLECTIVES, check_profile, fit_alpha_beta
+from harness.tools.calibrate import COLLECTIVES, check_profile, fit_alpha_beta
 from tests.helpers import REPO
 
 

@@ -15,7 +15,8 @@ from harness.costmodel import activations, comm, pipeline
 from harness.costmodel.estimate import Hardware, Model, Strategy, evaluate
 from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
 from harness.costmodel.params import rank_inventory, numel
-from harness.predict import compose_run, predict_overrides
+from harness.config import compose_run
+from harness.tools.predict import predict_overrides
 from tests.helpers import REPO
 
 GB = 1e9
@@ -247,7 +248,7 @@ def test_cpu_ranks_time_share_the_cores():
 # -- the command --------------------------------------------------------------------------------------
 
 def test_predict_cli_prints_one_json_without_torch():
-    code = ("import sys, json; from harness.predict import main; rc = main(['parallel.dp=1024', 'strategy=ddp', "
+    code = ("import sys, json; from harness.tools.predict import main; rc = main(['parallel.dp=1024', 'strategy=ddp', "
             "'hardware=h100_sxm', 'workload.global_batch_size=2048', 'workload.micro_batch_size=2']); "
             "assert 'torch' not in sys.modules, 'cost model imported torch'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

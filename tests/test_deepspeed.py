@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ds_config
+from harness.strategies.deepspeed import config as ds_config
 from tests.helpers import DEVICES, assert_losses_match, compose_config, device_overrides, run
 
 STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}

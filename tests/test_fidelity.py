@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from harness import fidelity
+from harness.collect import fidelity
 from tests.helpers import REPO, cli, records
 
 pytestmark = pytest.mark.slow

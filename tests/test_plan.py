@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from harness.plan import main, search, strategy_of
-from harness.predict import compose_run, predict_overrides
+from harness.tools.plan import main, search, strategy_of
+from harness.config import compose_run
+from harness.tools.predict import predict_overrides
 from tests.helpers import records
 
 LAST = re.compile(r"^evaluated (\d+) configs in ([\d.]+) s \((\d+) configs/s\)$")
@@ -32,7 +33,7 @@ def test_plan_ranks_feasible_configs_and_agrees_with_predict():
     rates = [c.pred["tokens_per_s"] for c in cands]
     assert rates == sorted(rates, reverse=True)
     assert all(c.pred["peak_mem_bytes"] <= 80 * 1024**3 for c in cands)
-    for c in cands[:3]:  # the planner's fast path and `harness.predict` are the same model
+    for c in cands[:3]:  # the planner's fast path and `harness.tools.predict` are the same model
         p = predict_overrides(BIG + c.overrides())
         assert p["status"] == "ok", p.get("error")
         assert p["tokens_per_s"] == pytest.approx(c.pred["tokens_per_s"], rel=1e-9)

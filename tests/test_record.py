@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from harness import record as rec
+from harness.run import record as rec
 
 
 def _writer(path, i):

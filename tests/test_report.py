@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import ring, scaling, schedule
+from harness.report import ring, scaling
+from harness.costmodel import schedule
 from harness.report.mesh import describe
 from harness.report.study import Run, load
 from tests.helpers import cli, records

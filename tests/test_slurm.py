@@ -133,7 +133,7 @@ def _wandb_run_record(record: dict):
 
 
 def test_two_configs_then_resume(slurm_cluster, results, single_reference):
-    from harness.wandb_log import run_name
+    from harness.run.wandb_log import run_name
 
     args = ["-m", "launcher=slurm", *SLURM_FAST, "logger=wandb", "study=slurm2",
             "hydra.sweeper.runs=[['strategy=single'],['strategy=ddp','parallel.dp=2']]"]

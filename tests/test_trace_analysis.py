@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import trace_analysis as ta
+from harness.collect import trace_analysis as ta
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "traces"
 BLOCKS, ROOT = 788_480, 270_592

@@ -1,7 +1,7 @@
 """The cost model's core: one config (already reduced to plain numbers) -> the predicted figures.
 
     predict(run, dims)  -> Model.of / Hardware.of / Strategy.of + evaluate(..., detail=True)
-    harness.plan        -> the same objects built once, evaluate(..., detail=False) in its loop
+    harness.tools.plan        -> the same objects built once, evaluate(..., detail=False) in its loop
 
 Time (per optimizer step, on the slowest rank):
     t_mb     = hardware FLOPs of one micro-batch on the rank / achievable FLOP/s   (forward+backward)
@@ -379,7 +379,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
 
 def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
              m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True, weight_decay: float = 0.0) -> dict:
-    """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.predict)."""
+    """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.tools.predict)."""
     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)
     out = finish(lo, mb, m, ckpt)
     return _details(out, lo, mb, m, ckpt) if detail else out
@@ -439,7 +439,7 @@ def _details(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
                 params_list.append(ri.numel)
     for k, xs in lists.items():
         out[f"{k}_per_rank"] = xs
-    # The measured convention (harness/aggregate.py): each memory figure is its own max over ranks,
+    # The measured convention (harness/collect/aggregate.py): each memory figure is its own max over ranks,
     # not the figures of the rank with the highest peak (pipeline stages differ in states and activations).
     for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes"):
         out[k] = max(lists[k])

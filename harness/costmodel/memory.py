@@ -7,7 +7,7 @@ TP/PP/EP, N = data-parallel degree:
     stage 1 divides the optimizer by N, stage 2 also the grads, stage 3 also the params.
 
 What the engines hold (one function per family; measured = exact local tensor bytes after a step,
-params / grads / optimizer state, see harness/measure.py):
+params / grads / optimizer state, see harness/worker/measure.py):
   replicate   single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
               4 B params + 4 B grads + AdamW's exp_avg and exp_avg_sq (8 B) per parameter plus a 0-d
               fp32 `step` tensor (4 B) per parameter tensor, whatever the precision.

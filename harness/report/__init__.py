@@ -18,7 +18,6 @@ reads "not measured" / "not predicted", never an error. The same summary can go 
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -67,18 +66,14 @@ def write_report(records_path: str | Path, out_path: str | Path | None = None, p
     """Read a study's records and write its HTML report (and PNGs); returns the HTML path."""
     from harness.report import page
     from harness.report.study import load
+    from harness.rundir import write_atomic
 
     records_path = Path(records_path)
     study = load(records_path)
     html_path = Path(out_path) if out_path else records_path.with_suffix(".html")
     html_path.parent.mkdir(parents=True, exist_ok=True)
     # a reader never sees half a page, and two writers (SLURM array jobs ending together) never share a file
-    tmp = html_path.with_name(f".{html_path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(page.build(study), encoding="utf-8")
-        tmp.replace(html_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(html_path, page.build(study))
     if pngs:
         write_pngs(study, html_path)
     return html_path

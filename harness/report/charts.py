@@ -5,7 +5,7 @@ same numbers.
 from __future__ import annotations
 
 from harness.report import scaling
-from harness.report.schedule import idle_intervals
+from harness.costmodel.schedule import idle_intervals
 from harness.report.study import AXES, MEMORY_PARTS, Study
 
 ACTION_COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#b07aa1", "idle": "rgba(160,160,160,0.35)"}

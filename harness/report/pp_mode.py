@@ -1,4 +1,4 @@
-"""PP mode: the schedule as a Gantt chart, predicted (harness.report.schedule, unit durations) beside
+"""PP mode: the schedule as a Gantt chart, predicted (harness.costmodel.schedule, unit durations) beside
 the measured timeline of the run (timeline_rank<r>.json), bubbles shaded, and the bubble % three ways:
 the textbook formula (p-1)/(v*m+p-1), the cost model, and measured (1 - busy / pipeline time per rank).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.report import charts, figures
 from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.fmt import esc, pct
-from harness.report.schedule import SPLIT_BACKWARD, formula_bubble_pct, simulate, stages_of_rank
+from harness.costmodel.schedule import SPLIT_BACKWARD, formula_bubble_pct, simulate, stages_of_rank
 from harness.report.study import Run, Study, candidates, command_for
 
 ILLUSTRATION = (("1f1b", 4, 1, 8), ("gpipe", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_zero_bubble", 4, 2, 8))

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import record as rec
+from harness import rundir
+from harness.run import record as rec
 
 AXES = ("dp", "tp", "pp", "ep")
 MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
@@ -74,7 +75,7 @@ class Run:
 
     @property
     def degrees(self) -> str:
-        from harness.table import degrees
+        from harness.run.table import degrees
 
         return degrees(self.dims)
 
@@ -167,7 +168,7 @@ class Run:
         if d is None or not d.is_dir():
             return []
         out = []
-        for f in sorted(d.glob("timeline_rank*.json")):
+        for f in sorted(d.glob(rundir.TIMELINE_GLOB)):
             try:
                 doc = json.loads(f.read_text())
             except (OSError, json.JSONDecodeError):

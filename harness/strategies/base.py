@@ -1,6 +1,6 @@
 """The strategy interface: how one optimizer step is executed over this rank's share of the batch.
 
-The timed loop (harness/loop.py) is the same for every strategy. It calls:
+The timed loop (harness/worker/loop.py) is the same for every strategy. It calls:
 
     strategy.setup(model)            # wrap / shard / split the model and build the optimizer together
                                      # (DeepSpeed needs both at once, so they are not separate calls)
@@ -94,13 +94,13 @@ class Strategy:
     # -- measurement ---------------------------------------------------------------------------
     def extra_measurements(self) -> dict:
         """Figures only this strategy can measure (e.g. a pipeline's bubble), called once after the
-        timed steps; merged into this rank's result under "measured" (see harness/aggregate.py)."""
+        timed steps; merged into this rank's result under "measured" (see harness/collect/aggregate.py)."""
         return {}
 
     def sync_disabled(self):
         """A context under which train_step skips gradient synchronisation, or None where the strategy
         has no such switch. Used only by the A/B measurement of exposed communication, after the timed
-        steps (harness/profiling.py). Default: DDP's no_sync. Not FSDP: without gradient sync FSDP2
+        steps (harness/worker/profiling.py). Default: DDP's no_sync. Not FSDP: without gradient sync FSDP2
         leaves the sharded grads empty, so the optimizer step is skipped too and the difference
         would not be communication alone."""
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):

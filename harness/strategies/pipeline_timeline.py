@@ -33,6 +33,9 @@ from pathlib import Path
 
 import torch
 
+from harness import rundir
+from harness.rundir import write_atomic
+
 
 class _Clock:
     """Time stamps: floats (perf_counter) on CPU, recorded CUDA events on CUDA."""
@@ -133,6 +136,5 @@ class Timeline:
         if run_dir is not None and steps:
             last = steps[-1]
             doc = {**header, "step": last, **resolved[last]}
-            path = Path(run_dir) / f"timeline_rank{header['rank']}.json"
-            path.write_text(json.dumps(doc, indent=1))
+            write_atomic(Path(run_dir) / rundir.timeline_file(header["rank"]), json.dumps(doc, indent=1))
         return statistics.median(self.bubble_pct(r) for r in resolved.values())

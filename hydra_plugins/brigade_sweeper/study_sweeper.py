@@ -88,8 +88,8 @@ class StudySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from rich.markup import escape
 
-        from harness.job import console
-        from harness.sweep import composition_failure, finish_study, launcher_failure
+        from harness.run.job import console
+        from harness.run.sweep import composition_failure, finish_study, launcher_failure
 
         jobs = self.jobs(arguments)
         sweep_dir = Path(self.config.hydra.sweep.dir)

@@ -12,7 +12,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness.data import global_batch  # noqa: E402
+from harness.worker.data import global_batch  # noqa: E402
 from models.gpt import build_model, loss_fn  # noqa: E402
 
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from harness.costmodel import predict
-from harness.plan import search
-from harness.predict import compose_run
+from harness.tools.plan import search
+from harness.config import compose_run
 from harness.validate import validate
 
 

@@ -1,6 +1,6 @@
 """deepspeed engine: every strategy with `strategy.engine=deepspeed` (ddp = ZeRO-0, zero1/2/3, pp, ep).
 
-The harness writes the DeepSpeed config (harness/ds_config.py) into the run directory and hands
+The harness writes the DeepSpeed config (harness/strategies/deepspeed/config.py) into the run directory and hands
 `deepspeed.initialize` the model and a client torch AdamW (same lr/betas/eps/weight_decay as every
 native strategy), so nothing is JIT-compiled. What DeepSpeed holds per rank, for N parameters at
 dp ranks, fp32 (STACK.md, measured):
@@ -43,7 +43,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from harness import ds_config
+from harness.strategies.deepspeed import config as ds_config
 from harness.strategies.base import Strategy
 
 def import_deepspeed():
@@ -150,7 +150,7 @@ class DeepSpeedStrategy(Strategy):
         step every call adds what it sees; the end of train_step closes the capture."""
         if not self._capture:
             return
-        from harness import measure
+        from harness.worker import measure
 
         for key, tensors in self.optimizer_states().items():
             seen = self._pending.setdefault(key, {})
@@ -161,7 +161,7 @@ class DeepSpeedStrategy(Strategy):
     def _close_capture(self) -> None:
         if not (self._capture and self._pending):
             return
-        from harness import measure
+        from harness.worker import measure
 
         states = {"params": self.module_states(), **{k: list(v.values()) for k, v in self._pending.items()}}
         self._captured, host = self.split_offloaded(states)

@@ -6,7 +6,7 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 """
 from __future__ import annotations
 
-from harness import stats
+from harness.collect import stats
 from harness.costmodel.flops import model_flops_per_step
 
 PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
@@ -33,7 +33,7 @@ def aggregate(run, dims, measurement: dict) -> dict:
         per_rank = [r["memory"].get(key, 0) for r in ranks]
         out[key] = max(per_rank)
         out[f"{key}_per_rank"] = per_rank
-    for key in ("peak_mem_reserved_bytes", "device_mem_used_nvml_bytes"):  # CUDA only (harness/measure.py)
+    for key in ("peak_mem_reserved_bytes", "device_mem_used_nvml_bytes"):  # CUDA only (harness/worker/measure.py)
         per_rank = [r["memory"][key] for r in ranks if key in r["memory"]]
         if per_rank:
             out[key], out[f"{key}_per_rank"] = max(per_rank), per_rank
@@ -50,9 +50,9 @@ def aggregate(run, dims, measurement: dict) -> dict:
 
 
 def _comm(ranks: list[dict]) -> dict:
-    """The profiled window's communication figures (harness/profiling.py), merged across ranks:
+    """The profiled window's communication figures (harness/worker/profiling.py), merged across ranks:
     shares mean over ranks, bytes max over ranks (trace_analysis.merge_ranks), A/B max per step."""
-    from harness.comm_merge import merge
+    from harness.collect.comm_merge import merge
 
     return merge(ranks)
 

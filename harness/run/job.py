@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 import traceback
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,57 +20,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import record as rec
+from harness import rundir
+from harness.rundir import write_atomic
+from harness.run import record as rec
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
-from harness.fidelity import ratios as fidelity_ratios
 
 # Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
-REPO = Path(__file__).resolve().parent.parent
 GiB = 1024**3
-
-
-def parent_env() -> dict:
-    def v(pkg):
-        try:
-            return version(pkg)
-        except PackageNotFoundError:
-            return None
-
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=5).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    return {"python": platform.python_version(), "torch": v("torch"), "deepspeed": v("deepspeed"),
-            "hostname": socket.gethostname(), "platform": platform.platform(), "git_commit": commit,
-            "git_dirty": dirty, "brigade": v("brigade")}
-
-
-def make_record(config: dict, run: RunConfig | None, dims: ParallelDims | None, status: str, error: str | None,
-                measured: dict | None = None, predicted: dict | None = None, env: dict | None = None,
-                run_dir: Path | None = None, wall_s: float | None = None) -> dict:
-    return {
-        "schema_version": rec.SCHEMA_VERSION,
-        "run_id": rec.run_id(config),
-        "study": config.get("study", "adhoc"),
-        "strategy": (config.get("strategy") or {}).get("name"),
-        "dims": dims.as_dict() if dims else None,
-        "status": status,
-        "error": error,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "wall_s": wall_s,
-        "run_dir": str(run_dir) if run_dir else None,
-        "config": config,
-        "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
-        "measured": measured or {},
-        "predicted": predicted or {},
-        # measured/predicted for every metric both have (harness/fidelity.py); W&B logs fidelity/*
-        "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == "ok" else {},
-    }
 
 
 def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:
@@ -107,25 +61,6 @@ def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str) -> Path:
     return d
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _skip_existing(config: dict, run: RunConfig) -> dict | None:
-    """Resume: in a named study, a config that already has a finished record is not run again
-    (rerun=failed re-runs failed/timeout/oom ones, rerun=all everything)."""
-    if run.study == "adhoc" or run.rerun == "all":
-        return None
-    done = rec.latest_by_run_id(rec.read(rec.records_path(run.results_dir, run.study))).get(rec.run_id(config))
-    if done is None or done["status"] == "invalid":
-        return None
-    if run.rerun == "failed" and done["status"] != "ok":
-        return None
-    return done
-
-
 def run_job(cfg: DictConfig) -> dict:
     """Hydra task function: run one config and return its record."""
     t0 = time.monotonic()
@@ -135,10 +70,10 @@ def run_job(cfg: DictConfig) -> dict:
         run = to_run_config(cfg)
         config = as_dict(run)
     except Exception as e:  # noqa: BLE001 - a type error in an override is an invalid config
-        record = make_record(raw, None, None, "invalid", f"{type(e).__name__}: {e}")
+        record = rec.make_record(raw, None, None, "invalid", f"{type(e).__name__}: {e}")
         return _finish(record, raw.get("results_dir", "results"), None, None)
 
-    done = _skip_existing(config, run)
+    done = rec.already_done(config, run)
     if done is not None:
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
                       f"in {rec.records_path(run.results_dir, run.study)}[/]")
@@ -156,7 +91,7 @@ def run_job(cfg: DictConfig) -> dict:
                               f"memory {run.hardware.memory_GiB:.2f} GiB (allow_oversubscribe_memory=true runs it anyway)")
     except ConfigError as e:
         dims_or_none = _dims_if_valid(run)
-        record = make_record(config, run, dims_or_none, "invalid", str(e))
+        record = rec.make_record(config, run, dims_or_none, "invalid", str(e))
         return _finish(record, run.results_dir, run, None)
 
     name = f"{run.strategy.name}-{dims.label()}-{rec.run_id(config)}"
@@ -165,12 +100,12 @@ def run_job(cfg: DictConfig) -> dict:
     # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
     # its files are written atomically (all nodes write the same content; workers read them).
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
-    _write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(config)))
-    _write_atomic(run_dir / "prediction.json", json.dumps(predicted, indent=1))
+    write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
+    write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
     status, error, measured, env = _launch_and_collect(run, dims, run_dir)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
-    record = make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
+    record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
     return _finish(record, run.results_dir, run, run_dir)
 
 
@@ -185,8 +120,8 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path):
     import importlib
 
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
-    log_path = run_dir / "workers.log"
-    progress_file = run_dir / "progress"
+    log_path = run_dir / rundir.WORKERS_LOG
+    progress_file = run_dir / rundir.PROGRESS
     with _progress(f"{run.strategy.name} {dims.label()}") as (bar, task):
         def on_poll():
             try:
@@ -201,10 +136,10 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path):
 
 def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
     """Turn what the ranks left in run_dir into (status, error, measured, env)."""
-    from harness.aggregate import aggregate, environment
+    from harness.collect.aggregate import aggregate, environment
 
-    errors = sorted(run_dir.glob("error_rank*.json"))
-    mfile = run_dir / "measurement.json"
+    errors = sorted(run_dir.glob(rundir.ERROR_GLOB))
+    mfile = run_dir / rundir.MEASUREMENT
     if result.timed_out:
         return "timeout", f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; ranks killed", {}, {}
     if errors:
@@ -243,12 +178,12 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
             return record
     log_wandb = run is not None and run_dir is not None and record["status"] == "ok" and run.logger.name == "wandb"
     if log_wandb:
-        from harness.wandb_log import run_identity
+        from harness.run.wandb_log import run_identity
 
         record["wandb"] = run_identity(record, run_dir, run.logger)  # known before logging: written with the record
     rec.append(rec.records_path(results_dir, record["study"]), record)  # the record first: W&B can never lose it
     if log_wandb:
-        from harness.wandb_log import log_record
+        from harness.run.wandb_log import log_record
 
         log_record(record, run_dir, run.logger, job_type=run.launcher.name)
     _print_summary(record)
@@ -256,7 +191,7 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
 
 
 def _print_summary(record: dict) -> None:
-    from harness.table import degrees
+    from harness.run.table import degrees
 
     style = {"ok": "green", "invalid": "yellow"}.get(record["status"], "red")
     m = record.get("measured") or {}

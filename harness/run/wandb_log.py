@@ -35,7 +35,7 @@ def wandb_env(run_dir: Path, mode: str) -> dict[str, str]:
 
 
 def run_name(record: dict) -> str:
-    from harness.table import degrees
+    from harness.run.table import degrees
 
     engine = (record.get("config") or {}).get("strategy", {}).get("engine", "torch")
     prefix = "ds-" if engine == "deepspeed" else ""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
-from harness import record as rec
-from harness.job import console, make_record
+from harness.run import record as rec
+from harness.run.job import console
 
 
 def _base(config: DictConfig) -> tuple[str, str]:
@@ -25,7 +25,7 @@ def composition_failure(config: DictConfig, overrides: list[str], error: Excepti
     results_dir, study = _base(config)
     strategy = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "strategy"), None)
     cfg = {"study": study, "overrides": list(overrides), "strategy": {"name": strategy}}
-    return _append(results_dir, make_record(cfg, None, None, "invalid", f"{type(error).__name__}: {error}"),
+    return _append(results_dir, rec.make_record(cfg, None, None, "invalid", f"{type(error).__name__}: {error}"),
                    " ".join(overrides))
 
 
@@ -44,11 +44,11 @@ def launcher_failure(job_cfg: DictConfig, error: Exception, status: str | None =
         dims = None
     text = f"{type(error).__name__}: {str(error)[:2000]}"
     status = status or ("timeout" if "timeout" in text.lower() else "failed")
-    return _append(run.results_dir, make_record(config, run, dims, status, text), run.strategy.name)
+    return _append(run.results_dir, rec.make_record(config, run, dims, status, text), run.strategy.name)
 
 
 def finish_study(config: DictConfig, records: list[dict]) -> None:
-    from harness.table import print_table
+    from harness.run.table import print_table
 
     results_dir, study = _base(config)
     print_table(records, f"study {study}: {len(records)} runs", console)

@@ -1,6 +1,6 @@
 """The worker: what every rank runs under torchrun.
 
-    python -m torch.distributed.run ... -m harness.worker <run_dir>
+    python -m torch.distributed.run ... -m harness.worker <run_dir>     (harness/worker/__main__.py)
 
 It reads the frozen, resolved config from <run_dir>/config.yaml (it never re-enters Hydra), builds
 the mesh, the model and the strategy, runs the timed loop, and rank 0 writes
@@ -19,11 +19,12 @@ import time
 import traceback
 from pathlib import Path
 
+from harness import rundir
+from harness.rundir import write_atomic
+
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)  # readers never see a half-written file
+    write_atomic(path, json.dumps(obj, indent=1))
 
 
 def _environment(device) -> dict:
@@ -67,7 +68,7 @@ def main(run_dir: str) -> None:
     try:
         _run(run_dir, rank)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for torchrun
-        _write_json(run_dir / f"error_rank{rank}.json",
+        _write_json(run_dir / rundir.error_file(rank),
                     {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e)[:4000],
                      "oom": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
         raise
@@ -84,11 +85,11 @@ def _run(run_dir: Path, rank: int) -> None:
 
     from harness import strategies
     from harness.config import to_run_config
-    from harness.loop import run_steps
+    from harness.worker.loop import run_steps
     from harness.validate import validate, num_microbatches
     from models.gpt import build_model
 
-    run = to_run_config(OmegaConf.load(run_dir / "config.yaml"))
+    run = to_run_config(OmegaConf.load(run_dir / rundir.CONFIG))
     dims = validate(run)
     nmb = num_microbatches(run, dims)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -100,10 +101,10 @@ def _run(run_dir: Path, rank: int) -> None:
         device = torch.device("cpu")
         backend = "gloo"
     # The c10d flight recorder logs every collective (group, sizes) for the profiled window's byte
-    # counts and axis attribution (harness/profiling.py); it must be sized before the group exists.
+    # counts and axis attribution (harness/worker/profiling.py); it must be sized before the group exists.
     # Only when there is a profiled window: otherwise it would cost every timed step for nothing.
     if run.workload.profile_steps > 0:
-        from harness.profiling import FR_BUFFER_SIZE
+        from harness.worker.profiling import FR_BUFFER_SIZE
 
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
     # A collective that never completes (a lost peer) raises after this, instead of hanging.
@@ -122,13 +123,13 @@ def _run(run_dir: Path, rank: int) -> None:
     if run.fault == "hang_rank1" and rank == 1:
         time.sleep(10**6)
 
-    progress_file = run_dir / "progress"
+    progress_file = run_dir / rundir.PROGRESS
 
     def progress(done: int, total: int) -> None:
         if rank == 0:
             progress_file.write_text(f"{done} {total}")
 
-    from harness.hooks import make_hooks
+    from harness.worker.hooks import make_hooks
 
     t0 = time.perf_counter()
     result = run_steps(strategy, run, dims, nmb, device, progress=progress, hooks=make_hooks(run, dims, run_dir))
@@ -140,10 +141,7 @@ def _run(run_dir: Path, rank: int) -> None:
     gathered = [None] * dims.world_size
     dist.all_gather_object(gathered, result)
     if rank == 0:
-        _write_json(run_dir / "measurement.json", {"num_microbatches": nmb, "ranks": gathered})
+        _write_json(run_dir / rundir.MEASUREMENT, {"num_microbatches": nmb, "ranks": gathered})
     dist.barrier()
     dist.destroy_process_group()
 
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -7,7 +7,7 @@
     profile:  one warm-up step, then profile_steps steps under torch.profiler, each step in a
               record_function("brigade/step"); the Chrome trace goes to <run_dir>/trace_rank<r>.json
               (open it in Perfetto) with the flight recorder's entries for those steps and the
-              process-group table, so harness/trace_analysis.py can attribute every collective to
+              process-group table, so harness/collect/trace_analysis.py can attribute every collective to
               an axis and count its bytes
 
 The profiler slows steps 1.3-3x on CPU (shared/STACK.md): nothing here is ever inside the timed steps.
@@ -24,7 +24,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness import measure, trace_analysis
+from harness import rundir
+from harness.rundir import write_atomic
+from harness.worker import measure
+from harness.collect import trace_analysis
 
 FR_BUFFER_SIZE = 20_000  # flight-recorder ring buffer (entries); the worker exports it before init
 AB_MIN_PAIRS = 3  # A/B step pairs at least: a median of 3 resists one noisy step
@@ -75,7 +78,7 @@ def process_groups(mesh, dims) -> dict[str, dict]:
 
 
 class ProfiledWindow:
-    """The hook (harness/hooks.py): nothing per step, everything in finish()."""
+    """The hook (harness/worker/hooks.py): nothing per step, everything in finish()."""
 
     def __init__(self, run, dims, run_dir):
         self.run, self.dims, self.run_dir = run, dims, Path(run_dir)
@@ -132,7 +135,7 @@ class ProfiledWindow:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         rank = dist.get_rank()
         since = time.time_ns()
-        path = self.run_dir / f"trace_rank{rank}.json"
+        path = self.run_dir / rundir.trace_file(rank)
         tmp = path.with_suffix(".tmp")
         # One warm-up step under the profiler (its start-up cost), then n recorded steps; the trace
         # is written when the active steps end (on_trace_ready), before the profiler drops it.
@@ -154,6 +157,6 @@ class ProfiledWindow:
             "pg_ranks": {k: v["ranks"] for k, v in groups.items()},
             "p2p_axis": "pp" if self.dims.pp > 1 else "other",
             "fr_entries": flight_recorder_entries(since)}
-        tmp.write_text(json.dumps(trace))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(trace))
+        tmp.unlink(missing_ok=True)
         return trace, step

@@ -10,7 +10,7 @@ from __future__ import annotations
 def make_hooks(run, dims, run_dir) -> list:
     hooks = []
     if run.workload.profile_steps > 0:
-        from harness.profiling import ProfiledWindow
+        from harness.worker.profiling import ProfiledWindow
 
         hooks.append(ProfiledWindow(run, dims, run_dir))  # A/B and profiled steps, after the timed ones
     return hooks

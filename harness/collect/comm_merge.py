@@ -1,4 +1,4 @@
-"""Every rank's profiled-window figures (harness/profiling.py) -> the record's measured keys.
+"""Every rank's profiled-window figures (harness/worker/profiling.py) -> the record's measured keys.
 
 Pure Python (no torch), so the parent process aggregates a run without importing torch.
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from harness import trace_analysis
+from harness.collect import trace_analysis
 
 
 def ab_exposed(rank_abs: list[dict]) -> dict:
@@ -28,7 +28,7 @@ def ab_exposed(rank_abs: list[dict]) -> dict:
 
 
 def merge(ranks: list[dict]) -> dict:
-    """Every rank's window figures -> the record's measured keys (harness/aggregate.py)."""
+    """Every rank's window figures -> the record's measured keys (harness/collect/aggregate.py)."""
     profiles = [r.get("comm_profile") for r in ranks if r.get("comm_profile")]
     if not profiles:
         return {}

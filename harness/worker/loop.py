@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import measure
-from harness.data import local_microbatches
+from harness.worker import measure
+from harness.worker.data import local_microbatches
 
 
 def run_steps(strategy, run, dims, num_microbatches: int, device, progress=None, hooks=()) -> dict:

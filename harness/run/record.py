@@ -1,0 +1,159 @@
+"""Records: every run ends in exactly one JSON line in <results_dir>/<study>.jsonl; how a record is
+made (make_record: config, environment, measured, predicted, fidelity) and how a resumed study finds
+what is already done (already_done).
+
+Appends are atomic: one write(2) of one line under an exclusive flock, with O_APPEND, so concurrent
+jobs (SLURM arrays) never interleave and a crash never leaves half a record in the middle of the
+file. Records are never rewritten; a reader skips a torn last line.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from harness.collect.fidelity import ratios as fidelity_ratios
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "invalid", "failed", "timeout", "oom")
+
+
+def run_id(config: dict) -> str:
+    """Hash of the resolved config, less the fields that do not change what is measured and less
+    the values equal to the schema's defaults, so that adding a field with a default to the schema
+    keeps every existing run_id (a resumed study still finds its done runs)."""
+    from harness.config import NON_SEMANTIC_KEYS
+
+    defaults = _schema_defaults()
+    semantic = {k: v for k, v in _flatten(config).items()
+                if k.split(".")[0] not in NON_SEMANTIC_KEYS and defaults.get(k, _ABSENT) != v}
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+_ABSENT = object()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_defaults() -> dict:
+    from omegaconf import OmegaConf
+
+    from harness.config import RunConfig
+
+    return _flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig), throw_on_missing=False))
+
+
+def records_path(results_dir: str | Path, study: str) -> Path:
+    return Path(results_dir) / f"{study}.jsonl"
+
+
+def append(path: Path, record: dict) -> None:
+    assert record["status"] in STATUSES, record["status"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, sort_keys=False, default=str) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # A previous writer killed mid-line would leave no newline: start ours on a fresh line.
+        if os.fstat(fd).st_size and os.pread(fd, 1, os.fstat(fd).st_size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def read(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn line from a writer that was killed: skipped, never repaired in place
+    return out
+
+
+def latest_by_run_id(records: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for r in records:
+        out[r["run_id"]] = r
+    return out
+
+
+# -- making a record and resuming a study ------------------------------------------------------
+
+def parent_env() -> dict:
+    def v(pkg):
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"python": platform.python_version(), "torch": v("torch"), "deepspeed": v("deepspeed"),
+            "hostname": socket.gethostname(), "platform": platform.platform(), "git_commit": commit,
+            "git_dirty": dirty, "brigade": v("brigade")}
+
+
+def make_record(config: dict, run, dims, status: str, error: str | None,
+                measured: dict | None = None, predicted: dict | None = None, env: dict | None = None,
+                run_dir: Path | None = None, wall_s: float | None = None) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id(config),
+        "study": config.get("study", "adhoc"),
+        "strategy": (config.get("strategy") or {}).get("name"),
+        "dims": dims.as_dict() if dims else None,
+        "status": status,
+        "error": error,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_s": wall_s,
+        "run_dir": str(run_dir) if run_dir else None,
+        "config": config,
+        "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
+        "measured": measured or {},
+        "predicted": predicted or {},
+        # measured/predicted for every metric both have (harness/collect/fidelity.py); W&B logs fidelity/*
+        "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == "ok" else {},
+    }
+
+
+def already_done(config: dict, run) -> dict | None:
+    """Resume: in a named study, a config that already has a finished record is not run again
+    (rerun=failed re-runs failed/timeout/oom ones, rerun=all everything)."""
+    if run.study == "adhoc" or run.rerun == "all":
+        return None
+    done = latest_by_run_id(read(records_path(run.results_dir, run.study))).get(run_id(config))
+    if done is None or done["status"] == "invalid":
+        return None
+    if run.rerun == "failed" and done["status"] != "ok":
+        return None
+    return done

@@ -1,0 +1,50 @@
+"""A run directory's files, named once: the parent writes the frozen config and the prediction, the
+ranks write their progress, error files, traces, timelines and the measurement, the parent reads
+them back (harness/run/job.py) and the report reads what the record points to.
+
+    <results_dir>/runs/<study>/<strategy>-<degrees>-<run_id>[.<attempt>]/
+        config.yaml          the frozen, resolved config the workers read (never re-enter Hydra)
+        prediction.json      the cost model's prediction, as written into the record
+        workers.log          torchrun's and every rank's stdout/stderr
+        progress             "<done> <total>" steps, rewritten by rank 0
+        error_rank<r>.json   a rank's exception (type, message, traceback, time), written before it exits
+        measurement.json     every rank's figures, gathered and written by rank 0 at the end
+        trace_rank<r>.json   the profiled window's Chrome trace (torch.profiler)
+        timeline_rank<r>.json  a pipeline rank's per-action timeline
+
+Every file is written whole or not at all (write_atomic), so a reader never sees half a file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CONFIG = "config.yaml"
+PREDICTION = "prediction.json"
+WORKERS_LOG = "workers.log"
+PROGRESS = "progress"
+MEASUREMENT = "measurement.json"
+ERROR_GLOB = "error_rank*.json"
+
+
+def error_file(rank: int) -> str:
+    return f"error_rank{rank}.json"
+
+
+def trace_file(rank: int) -> str:
+    return f"trace_rank{rank}.json"
+
+
+def timeline_file(rank: int) -> str:
+    return f"timeline_rank{rank}.json"
+
+
+TIMELINE_GLOB = "timeline_rank*.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path` (atomic on POSIX)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,246 @@
+"""`python -m harness.plan`: search parallel layouts for a model on N devices with the cost model.
+
+    python -m harness.plan model=gpt_70b hardware=h100_sxm plan.gpus=1024 plan.top_k=10 \\
+        workload.global_batch_size=2048 workload.precision=bf16-mixed
+    python -m harness.plan model=small hardware=cpu_calibrated plan.gpus=4 --run-top 2 logger=none
+
+Enumerates every (dp, tp, pp, vpp + schedule, ep, ZeRO stage, micro-batch size, checkpointing) with
+dp*tp*pp = plan.gpus that brigade can run: the global batch is the workload's
+(workload.global_batch_size sequences), so the micro-batch count is m = global / (dp * micro-batch);
+degrees must divide heads, d_ff, layers and experts as harness/validate.py requires; each layout maps
+to an existing strategy (STRATEGY_OF below). Each candidate is evaluated by the same functions
+`harness.tools.predict` uses (harness.costmodel.estimate: `layout` once per parallel layout, then `finish`
+for every micro-batch size and checkpointing mode; maxima only, no per-rank lists), those whose predicted peak memory exceeds the device are dropped, the rest are
+ranked by predicted tokens/s. The table says why each wins: its efficiency and what it loses to
+exposed communication and the bubble, its memory headroom, and what separates it from the next one.
+
+`--run-top K` (or plan.run_top=K) hands the best K to the launcher as one sweep: it runs
+`python -m harness -m <your overrides> study=<plan study> hydra.sweeper.runs=[[...], ...]`, the
+brigade sweeper's list of runs (hydra_plugins/brigade_sweeper), so each gets a record with its
+measurement beside this prediction. The last line is always
+`evaluated N configs in S s (R configs/s)`.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+SCHEDULES_VPP = (("1f1b", (1,)), ("interleaved_1f1b", (2, 4, 8)), ("zbv_zero_bubble", (2,)))
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+CHECKPOINTING = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def strategy_of(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, dict] | None:
+    """The brigade strategy (name, strategy overrides) that runs this layout, or None if none does.
+
+    dp only: ZeRO 0-3 = ddp / zero1 / zero2 / zero3 (single on one device); tp only: tp; pp only: pp;
+    ep (with dp): ep; mixed axes: 3d, whose dp axis is DDP (ZeRO 0) or FSDP2 (ZeRO 3, or ZeRO 2
+    with reshard_after_forward=false)."""
+    if ep > 1:
+        return ("ep", {}) if tp == 1 and pp == 1 and zero == 0 else None
+    if tp == 1 and pp == 1:
+        if dp == 1:
+            return ("single", {}) if zero == 0 else None
+        return ({0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[zero], {})
+    if dp == 1 and zero == 0 and (tp == 1 or pp == 1):
+        return ("tp", {}) if pp == 1 else ("pp", {})
+    if zero == 0:
+        return "3d", {"dp_shard": "ddp"}
+    if zero == 3:
+        return "3d", {"dp_shard": "fsdp", "reshard_after_forward": True}
+    if zero == 2:
+        return "3d", {"dp_shard": "fsdp", "reshard_after_forward": False}
+    return None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class Candidate:
+    __slots__ = ("dp", "tp", "pp", "vpp", "ep", "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred")
+
+    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred):
+        self.dp, self.tp, self.pp, self.vpp, self.ep, self.zero = dp, tp, pp, vpp, ep, zero
+        self.mb, self.m, self.ckpt, self.schedule, self.strategy, self.knobs, self.pred = (
+            mb, m, ckpt, schedule, strategy, knobs, pred)
+
+    def overrides(self) -> list[str]:
+        out = [f"strategy={self.strategy}"]
+        out += [f"strategy.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.knobs.items()]
+        if self.pp > 1:
+            out.append(f"strategy.schedule={self.schedule}")
+        for axis in ("dp", "tp", "pp", "vpp", "ep"):
+            if getattr(self, axis) > 1:
+                out.append(f"parallel.{axis}={getattr(self, axis)}")
+        out += [f"workload.micro_batch_size={self.mb}", f"workload.activation_checkpointing={self.ckpt}"]
+        return out
+
+
+def search(run, gpus: int) -> tuple[list[Candidate], dict]:
+    """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
+    from harness.costmodel.estimate import Hardware, Model, Strategy, finish, layout
+    from harness.validate import available_strategies
+
+    m_cfg, hw_cfg, w = run.model, run.hardware, run.workload
+    md, hw = Model.of(m_cfg), Hardware.of(hw_cfg)
+    gbs, precision = w.global_batch_size, w.precision
+    have = set(available_strategies())
+    L, heads, d_ff, E = m_cfg.n_layers, m_cfg.n_heads, m_cfg.d_ff, m_cfg.n_experts
+    nodes = run.launcher.nodes
+    mem_limit = hw.memory_bytes
+    knob_cache: dict = {}
+
+    def knobs_for(name, extra, schedule):
+        key = (name, tuple(sorted(extra.items())), schedule)
+        if key not in knob_cache:
+            base = replace(run.strategy, name=name, schedule=schedule, **extra)
+            if name in ("zero1", "zero2", "zero3"):
+                base = replace(base, zero_stage=int(name[-1]), reshard_after_forward=name != "zero2")
+            elif name in ("ddp", "single", "tp", "pp", "ep", "3d"):
+                base = replace(base, zero_stage=0)
+            knob_cache[key] = Strategy.of(replace(base, engine="torch"))
+        return knob_cache[key]
+
+    feasible, evaluated, oom, t0 = [], 0, 0, time.perf_counter()
+    for tp in divisors(gpus):
+        if heads % tp or d_ff % tp:
+            continue
+        for pp in divisors(gpus // tp):
+            if L % pp:
+                continue
+            dp = gpus // (tp * pp)
+            schedules = SCHEDULES_VPP if pp > 1 else (("1f1b", (1,)),)
+            eps = [e for e in divisors(dp) if E and E % e == 0] if E else [1]
+            for ep in eps:
+                for zero in ZERO_STAGES:
+                    strat = strategy_of(dp, tp, pp, ep, zero)
+                    if strat is None or strat[0] not in have:
+                        continue
+                    for schedule, vpps in schedules:
+                        for vpp in vpps:
+                            if L % (pp * vpp):
+                                continue
+                            st = knobs_for(strat[0], strat[1], schedule)
+                            lo = None
+                            for mb in MICRO_BATCHES:
+                                if gbs % (dp * mb):
+                                    continue
+                                m = gbs // (dp * mb)
+                                if lo is None:  # what micro-batching and checkpointing do not change, once
+                                    lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
+                                for ckpt in CHECKPOINTING:
+                                    pred = finish(lo, mb, m, ckpt)
+                                    evaluated += 1
+                                    if pred["peak_mem_bytes"] > mem_limit:
+                                        oom += 1
+                                        continue
+                                    feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
+                                                              strat[0], strat[1], pred))
+    feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
+    return feasible, {"evaluated": evaluated, "oom": oom, "seconds": time.perf_counter() - t0}
+
+
+def why(c: Candidate, nxt: Candidate | None, mem_bytes: float) -> str:
+    """What this layout spends its step on, its headroom, and what separates it from the next one."""
+    p = c.pred
+    head = (mem_bytes - p["peak_mem_bytes"]) / 1024**3
+    text = (f"η {100 * p['efficiency']:.0f}%: exposed comm {p['comm_exposed_pct']:.1f}%, "
+            f"bubble {p['bubble_pct']:.1f}%, {head:.1f} GiB free")
+    if nxt is None:
+        return text
+    q = nxt.pred
+    gain = 100 * (p["tokens_per_s"] / q["tokens_per_s"] - 1)
+    diffs = {"less exposed comm": q["comm_exposed_time_s"] - p["comm_exposed_time_s"],
+             "smaller bubble": q["bubble_time_s"] - p["bubble_time_s"],
+             "less compute (recompute)": q["compute_time_s"] - p["compute_time_s"]}
+    reason, delta = max(diffs.items(), key=lambda kv: kv[1])
+    if gain < 0.05 or delta <= 0:
+        return text + "; tie with the next"
+    return text + f"; +{gain:.1f}% over next: {reason}"
+
+
+def table(cands: list[Candidate], k: int, run, counts: dict):
+    from rich.table import Table
+
+    from harness.costmodel.flops import model_flops_per_step
+
+    hw = run.hardware
+    gib = hw.memory_GiB
+    peak = hw.peak_tflops.get({"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[run.workload.precision])
+    flops = model_flops_per_step(run.model, run.workload.global_batch_size)
+    t = Table(title=f"{run.model.name} on {counts['gpus']} x {hw.name}, global batch {run.workload.global_batch_size} "
+                    f"x {run.model.seq_len} tokens, {run.workload.precision}: top {min(k, len(cands))} by predicted "
+                    f"tokens/s", title_justify="left", header_style="bold")
+    for col in ("#", "strategy", "dp", "tp", "pp", "vpp", "ep", "ZeRO", "mb", "m", "ckpt", "step s", "tokens/s",
+                "MFU %", "mem GiB", "why"):
+        t.add_column(col, justify="left" if col in ("strategy", "ckpt", "why") else "right")
+    for i, c in enumerate(cands[:k]):
+        p = c.pred
+        nxt = cands[i + 1] if i + 1 < len(cands) else None
+        mfu = 100 * flops / p["step_time_s"] / counts["gpus"] / (peak * 1e12) if peak else float("nan")
+        sched = c.schedule if c.pp > 1 else ""
+        t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else ""), str(c.dp), str(c.tp), str(c.pp),
+                  str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
+                  f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
+                  why(c, nxt, gib * 1024**3))
+    return t
+
+
+def run_top(cands: list[Candidate], k: int, overrides: list[str]) -> int:
+    """Hand the best k to the launcher as one brigade sweep (hydra.sweeper.runs)."""
+    import os
+    from pathlib import Path
+
+    def quoted(o: str) -> str:
+        return "'" + o.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    runs = "[" + ",".join("[" + ",".join(quoted(o) for o in c.overrides()) + "]" for c in cands[:k]) + "]"
+    keep = [o for o in overrides if not o.startswith(("plan.", "strategy", "parallel.", "workload.micro_batch_size",
+                                                       "workload.activation_checkpointing", "hydra.sweeper.runs"))]
+    if not any(o.startswith("study=") for o in keep):
+        keep.append(f"study=plan_{time.strftime('%Y%m%d_%H%M%S')}")
+    argv = [sys.executable, "-m", "harness", "-m", *keep, f"hydra.sweeper.runs={runs}"]
+    print("running: " + " ".join(argv[1:]), flush=True)
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.run(argv, cwd=repo, env=dict(os.environ)).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from harness.config import compose_run
+
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m harness.plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="Hydra overrides: model=, hardware=, workload.*, plan.gpus=, plan.top_k=")
+    p.add_argument("--run-top", type=int, default=None, help="run the best K as a brigade sweep (plan.run_top)")
+    args = p.parse_intermixed_args(argv)
+    run = compose_run(args.overrides)
+    gpus, k = run.plan.gpus, run.plan.top_k
+    top = args.run_top if args.run_top is not None else run.plan.run_top
+    cands, counts = search(run, gpus)
+    counts["gpus"] = gpus
+    console = Console(width=max(Console().width, 200))
+    if cands:
+        console.print(table(cands, k, run, counts))
+    else:
+        console.print(f"[yellow]no layout of {gpus} devices fits {run.model.name} in {run.hardware.memory_GiB} GiB "
+                      f"with global batch {run.workload.global_batch_size}[/]")
+    console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory, {counts['oom']} over "
+                  f"{run.hardware.memory_GiB:g} GiB; global batch {run.workload.global_batch_size} "
+                  f"(workload.global_batch_size) fixes the micro-batch count m = global / (dp * mb)")
+    rc = 0
+    if top and cands:
+        rc = run_top(cands, top, args.overrides)
+    n, s = counts["evaluated"], counts["seconds"]
+    print(f"evaluated {n} configs in {s:.3f} s ({n / s if s else 0:.0f} configs/s)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""`python -m harness.worker <run_dir>`: what torchrun starts on every rank (see harness/worker/main.py)."""
+import sys
+
+from harness.worker.main import main
+
+main(sys.argv[1])

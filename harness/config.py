@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # absolute: works from any cwd
 
 
@@ -30,6 +32,14 @@ class ModelConfig:
     top_k: int = 2  # experts per token (MoE only)
     capacity_factor: float = 0.0  # MoE: 0 = no capacity limit (no token dropped)
     aux_loss_coef: float = 0.01  # MoE: weight of the load-balancing loss (Switch Transformer)
+    # Llama-family options (defaults reproduce the GPT above)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    mlp: str = "gelu"  # gelu (2 matmuls) | swiglu (3 matmuls: gate, up, down)
+    position: str = "learned"  # learned (a seq_len x d_model table) | rope
+    rope_theta: float = 10000.0  # RoPE base frequency (Llama 2: 1e4, Llama 3: 5e5)
+    n_kv_heads: Optional[int] = None  # grouped-query attention: key/value heads; None = n_heads
+    tie_embeddings: bool = False  # head shares the token embedding's weight
+    bias: bool = False  # biases on the linear layers
 
 
 @dataclass
@@ -54,23 +64,23 @@ class DeepSpeedKnobs:
 class StrategyConfig:
     """One schema for every strategy: each conf/strategy/<name>.yaml sets the fields it uses."""
 
-    name: str = MISSING  # single | ddp | zero1 | zero2 | zero3 | fsdp | tp | pp | 3d | ep
+    name: str = MISSING  # a row of harness/catalog.py STRATEGIES (its axes and implementing module are there)
     engine: str = "torch"  # torch | deepspeed
-    impl: str = ""  # implementing module under harness/strategies/ (default: name; deepspeed engine: deepspeed)
-    axes: list[str] = field(default_factory=lambda: ["dp"])  # parallel axes this strategy may set > 1
     zero_stage: int = 0  # 0-3: what is sharded over dp (1: optimizer, 2: + grads, 3: + params)
+    zero1_impl: str = "torch_zero"  # zero1 on engine torch: torch_zero (ZeroRedundancyOptimizer) | distributed
     # DDP
     bucket_cap_mb: float = 25.0
     comm_hook: str = "none"  # none | fp16 | bf16 (NCCL only) | powersgd
     powersgd_rank: int = 1
     # FSDP / 3D data axis
     reshard_after_forward: bool = True
-    dp_shard: str = "fsdp"  # 3d: how the dp axis is handled: fsdp | ddp
+    fsdp_accumulate: str = "unsharded"  # FSDP across micro-batches: unsharded (gathered until the step) | sharded
+    dp_shard: str = DEFAULT_DP_SHARD  # 3d: how the dp axis holds the model states: a key of catalog.DP_SHARD
     # Tensor parallel
     sequence_parallel: bool = False
     loss_parallel: bool = True
     # Pipeline
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | looped_bfs | interleaved_zero_bubble | zbv_zero_bubble | dualpipev
+    schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES
     # DeepSpeed
     offload: str = "none"  # none | optimizer | optimizer+params
     ds: DeepSpeedKnobs = field(default_factory=DeepSpeedKnobs)
@@ -83,6 +93,8 @@ class ParallelConfig:
     pp: int = 1  # pipeline stages
     vpp: int = 1  # virtual pipeline stages per rank (interleaved / looped / V schedules)
     ep: int = 1  # expert-parallel degree; shares ranks with dp (ep must divide dp)
+    cp: int = 1  # context-parallel degree: the sequence split over cp ranks (3d)
+    dp_replicate: int = 1  # HSDP: dp = dp_replicate x dp_shard; FSDP shards within a group, replicas across
 
 
 @dataclass

@@ -5,18 +5,16 @@ no branch here unless it brings a new constraint.
 """
 from __future__ import annotations
 
+from harness import catalog
 from harness.config import CONF_DIR, RunConfig
 from harness.dims import ConfigError, ParallelDims
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 CHECKPOINTING = ("none", "selective", "full")
-# Pipeline schedules: (virtual stages per rank it needs: None = any >= 2, 1 = exactly one, 2 = V-shape)
-SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": None, "looped_bfs": None,
-             "interleaved_zero_bubble": None, "zbv_zero_bubble": 2, "dualpipev": 2}
 
 
 def available_strategies() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
+    """Strategies that have both a catalog row and a conf/strategy/<name>.yaml to compose."""
+    return sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml") if p.stem in catalog.STRATEGIES)
 
 
 def num_microbatches(run: RunConfig, dims: ParallelDims) -> int:
@@ -38,8 +36,9 @@ def validate(run: RunConfig) -> ParallelDims:
     names = available_strategies()
     if s.name not in names:
         raise ConfigError(f"unknown strategy '{s.name}'; available: {', '.join(names)}")
-    if s.engine not in ("torch", "deepspeed"):
-        raise ConfigError(f"unknown strategy.engine '{s.engine}'; available: torch, deepspeed")
+    if s.engine not in catalog.ENGINES:
+        raise ConfigError(f"unknown strategy.engine '{s.engine}'; available: {', '.join(catalog.ENGINES)}")
+    axes = catalog.strategy(s.name).axes
     dims = ParallelDims.from_config(p, run.launcher)
     if run.launcher.name == "local" and run.launcher.nodes != 1:
         raise ConfigError(f"launcher local runs on this machine only (nodes={run.launcher.nodes}); "
@@ -47,11 +46,11 @@ def validate(run: RunConfig) -> ParallelDims:
     if run.launcher.nodes < 1 or dims.world_size % run.launcher.nodes:
         raise ConfigError(f"world size {dims.world_size} not divisible by launcher.nodes {run.launcher.nodes}")
 
-    for axis in ("dp", "tp", "pp", "ep"):
-        if getattr(dims, axis) > 1 and axis not in s.axes:
+    for axis in catalog.AXES:
+        if getattr(dims, axis) > 1 and axis not in axes:
             raise ConfigError(f"strategy {s.name} does not use the {axis} axis ({axis}={getattr(dims, axis)}); "
-                              f"it uses: {', '.join(s.axes) or 'none (one process)'}")
-    if dims.vpp > 1 and "pp" not in s.axes:
+                              f"it uses: {', '.join(axes) or 'none (one process)'}")
+    if dims.vpp > 1 and "pp" not in axes:
         raise ConfigError(f"strategy {s.name} has no pipeline, so vpp must be 1 (got vpp={dims.vpp})")
 
     if m.d_model % m.n_heads:
@@ -82,8 +81,8 @@ def validate(run: RunConfig) -> ParallelDims:
                           f"model {m.name} has n_experts {m.n_experts}, so there is nothing to shard over ep")
 
     nmb = num_microbatches(run, dims)
-    if w.precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision '{w.precision}'; available: {', '.join(PRECISIONS)}")
+    if w.precision not in catalog.PRECISIONS:
+        raise ConfigError(f"unknown precision '{w.precision}'; available: {', '.join(catalog.PRECISIONS)}")
     if w.precision not in hw.precisions:
         raise ConfigError(f"precision {w.precision} cannot run on hardware {hw.name} ({hw.device}); "
                           f"it runs: {', '.join(hw.precisions)}")
@@ -93,14 +92,14 @@ def validate(run: RunConfig) -> ParallelDims:
     if w.steps < 1 or w.warmup_steps < 0:
         raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
 
-    if s.dp_shard not in ("fsdp", "ddp"):
-        raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: fsdp, ddp")
+    if s.dp_shard not in catalog.DP_SHARD:
+        raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: {', '.join(catalog.DP_SHARD)}")
     if s.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
         raise ConfigError(f"unknown comm_hook '{s.comm_hook}'; available: none, fp16, bf16, powersgd")
     if s.comm_hook == "bf16" and hw.device != "cuda":
         raise ConfigError(f"comm_hook bf16 needs NCCL (CUDA); hardware {hw.name} uses gloo: use fp16 or powersgd")
 
-    if "pp" in s.axes and dims.pp > 1:
+    if "pp" in axes and dims.pp > 1:
         _validate_pipeline(run, dims, nmb)
     if s.engine == "deepspeed":
         _validate_deepspeed(run, dims)
@@ -120,13 +119,15 @@ def validate(run: RunConfig) -> ParallelDims:
 
 def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
     s = run.strategy
-    if s.schedule not in SCHEDULES:
-        raise ConfigError(f"unknown schedule '{s.schedule}'; available: {', '.join(SCHEDULES)}")
-    need = SCHEDULES[s.schedule]
+    if s.schedule not in catalog.SCHEDULES:
+        raise ConfigError(f"unknown schedule '{s.schedule}'; available: {', '.join(catalog.SCHEDULES)}")
+    row = catalog.schedule(s.schedule)
+    need = row.vpp
     if need == 1 and dims.vpp != 1:
         raise ConfigError(f"schedule {s.schedule} runs one stage per rank: vpp must be 1 (got {dims.vpp}); "
-                          f"use interleaved_1f1b or looped_bfs for vpp > 1")
-    if need is None and dims.vpp < 2:
+                          f"use {' or '.join(n for n, r in catalog.SCHEDULES.items() if r.placement == 'looped')} "
+                          f"for vpp > 1")
+    if need is catalog.ANY_VPP and dims.vpp < 2:
         raise ConfigError(f"schedule {s.schedule} needs vpp >= 2 virtual stages per rank (got {dims.vpp})")
     if need == 2 and dims.vpp != 2:
         raise ConfigError(f"schedule {s.schedule} is V-shaped: vpp must be 2 (got {dims.vpp})")
@@ -134,8 +135,8 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
     w = run.workload
     m_math = (f"num_microbatches {nmb} = global_batch_size {w.global_batch_size} / (dp {dims.dp} * "
               f"micro_batch_size {w.micro_batch_size})")
-    if s.schedule == "dualpipev" and nmb < stages:
-        raise ConfigError(f"dualpipev needs num_microbatches >= stages: {m_math} < pp {dims.pp} * vpp {dims.vpp} "
+    if row.min_microbatches == "stages" and nmb < stages:
+        raise ConfigError(f"{s.schedule} needs num_microbatches >= stages: {m_math} < pp {dims.pp} * vpp {dims.vpp} "
                           f"= {stages} stages")
     if s.engine == "torch":
         _validate_torch_pipeline(run, dims, nmb, m_math)
@@ -145,10 +146,11 @@ def _validate_torch_pipeline(run: RunConfig, dims: ParallelDims, nmb: int, m_mat
     """What torch 2.13's pipelining schedules raise at construction (checked against schedules.py), and
     what brigade's pp/3d strategies do not carry across stages."""
     s = run.strategy
-    if s.schedule == "1f1b" and nmb < dims.pp:
+    rule = catalog.schedule(s.schedule).torch_microbatches
+    if rule == "stages_pp" and nmb < dims.pp:
         # Schedule1F1B: "Number of microbatches must be greater than or equal to the number of stages"
-        raise ConfigError(f"1f1b needs num_microbatches >= stages: {m_math} < pp {dims.pp}")
-    if s.schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        raise ConfigError(f"{s.schedule} needs num_microbatches >= stages: {m_math} < pp {dims.pp}")
+    if rule == "rounds":
         # torch runs rounds = max(1, m // pp) rounds of m / rounds micro-batches each
         rounds = max(1, nmb // dims.pp)
         if nmb % rounds:
@@ -183,8 +185,8 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
     if dims.pp > 1:
         if dims.vpp != 1:
             raise ConfigError(f"DeepSpeed's pipeline runs one stage per rank: vpp must be 1 (got {dims.vpp})")
-        if s.schedule != "1f1b":
-            raise ConfigError(f"DeepSpeed's pipeline runs its own 1F1B schedule (TrainSchedule); "
+        if s.schedule != catalog.DEEPSPEED_SCHEDULE:
+            raise ConfigError(f"DeepSpeed's pipeline runs its own {catalog.DEEPSPEED_SCHEDULE} schedule (TrainSchedule); "
                               f"strategy.schedule={s.schedule} needs strategy.engine=torch")
         if m.n_experts:
             raise ConfigError(f"brigade's DeepSpeed pipeline builds dense blocks only; model {m.name} has "

@@ -52,17 +52,14 @@ def test_world_size_from_launcher(tmp_path):
 
 
 def test_heads_not_divisible_by_tp(tmp_path):
-    # tp arrives with the tensor-parallel strategy; the rule itself is field-based
-    run = to_run_config(compose_config(["strategy=ddp", "model.n_heads=6", "model.d_model=384"], tmp_path))
-    run.strategy.axes = ["dp", "tp"]
+    run = to_run_config(compose_config(["strategy=3d", "model.n_heads=6", "model.d_model=384"], tmp_path))
     run.parallel.tp = 4
     with pytest.raises(ConfigError, match="n_heads 6 not divisible by tp 4"):
         validate(run)
 
 
 def test_layers_not_divisible_by_pp_vpp(tmp_path):
-    run = to_run_config(compose_config(["strategy=ddp", "model.n_layers=10"], tmp_path))
-    run.strategy.axes = ["pp"]
+    run = to_run_config(compose_config(["strategy=pp", "model.n_layers=10"], tmp_path))
     run.strategy.schedule = "interleaved_1f1b"
     run.parallel.pp, run.parallel.vpp = 2, 2
     with pytest.raises(ConfigError, match=r"n_layers 10 not divisible by pp\*vpp 4"):

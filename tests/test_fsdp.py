@@ -83,13 +83,16 @@ def test_fsdp_bf16_mixed_policy_trains_with_fp32_shards(device, tmp_path, single
 
 
 def test_zero_stages_compare_like_for_like_across_engines(tmp_path):
+    from harness.catalog import module_of
     from harness.config import to_run_config
-    from harness.strategies import module_name
+
+    def module_name(cfg):
+        return module_of(cfg.name, cfg.engine)
 
     for name, stage, reshard in (("zero2", 2, False), ("zero3", 3, True), ("fsdp", 3, True)):
         torch_cfg = to_run_config(compose_config([f"strategy={name}"], tmp_path)).strategy
         assert (module_name(torch_cfg), torch_cfg.zero_stage, torch_cfg.reshard_after_forward) == ("fsdp", stage, reshard)
         ds_cfg = to_run_config(compose_config([f"strategy={name}", "strategy.engine=deepspeed"], tmp_path)).strategy
-        assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("deepspeed_engine", stage)
+        assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("deepspeed.engine", stage)
     z1 = to_run_config(compose_config(["strategy=zero1"], tmp_path)).strategy
     assert (module_name(z1), z1.zero_stage) == ("zero1", 1)

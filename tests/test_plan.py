@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from harness.tools.plan import main, search, strategy_of
+from harness.catalog import strategy_for as strategy_of
+from harness.tools.plan import main, search
 from harness.config import compose_run
 from harness.tools.predict import predict_overrides
 from tests.helpers import records

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.report import ring, scaling
+from harness import catalog
 from harness.costmodel import schedule
 from harness.report.mesh import describe
 from harness.report.study import Run, load
@@ -58,7 +59,7 @@ def _check_schedule(sim: schedule.Simulation):
     """Every action once, no overlap on a rank, and every dependency finished before its consumer."""
     p, v, m = sim.pp, sim.vpp, sim.num_microbatches
     done = {(e["action"], e["stage"], e["mb"]): e for e in sim.events}
-    split = sim.schedule in schedule.SPLIT_BACKWARD
+    split = catalog.schedule(sim.schedule).split_backward
     assert len(done) == len(sim.events) == p * v * m * (3 if split else 2)
     last = p * v - 1
     for e in sim.events:
@@ -72,7 +73,7 @@ def _check_schedule(sim: schedule.Simulation):
         mine = sorted((e for e in sim.events if e["rank"] == r), key=lambda e: e["start_s"])
         for x, y in zip(mine, mine[1:]):
             assert x["end_s"] <= y["start_s"] + 1e-9, (x, y)
-        assert {e["stage"] for e in mine} == set(schedule.stages_of_rank(sim.schedule, p, v, r))
+        assert {e["stage"] for e in mine} == set(catalog.stages_of_rank(sim.schedule, r, p, v))
 
 
 @pytest.mark.parametrize("sched,p,v,m", [("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 2, 1, 4), ("1f1b", 3, 1, 7),

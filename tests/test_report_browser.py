@@ -74,7 +74,7 @@ def key(page, k: str) -> str:
 def click_mode(page, mode: str, shots: Path):
     page.click(f"#tab-{mode}")
     assert page.locator(f"#mode-{mode}").is_visible()
-    for other in {"dp", "tp", "pp", "3d"} - {mode}:
+    for other in {"dp", "tp", "pp", "mesh"} - {mode}:
         assert not page.locator(f"#mode-{other}").is_visible()
     page.wait_for_timeout(200)
     page.screenshot(path=str(shots / f"mode_{mode}.png"), full_page=True)
@@ -137,14 +137,14 @@ def test_every_mode_shows_the_study_numbers(browser, full_report, tmp_path):
         assert "Predicted: 1f1b" in gantt_text and "Measured: one timed step" in gantt_text
 
         # 3D: the 3d tp2 x pp2 run's mesh; hardware=cpu has 2 ranks per node, so pp crosses nodes
-        click_mode(page, "3d", tmp_path)
-        ranks = page.locator("#mode-3d .mesh-rank:visible")
+        click_mode(page, "mesh", tmp_path)
+        ranks = page.locator("#mode-mesh .mesh-rank:visible")
         assert ranks.count() == 4
-        page.locator('#mode-3d .mesh-btn[data-axis="pp"]:visible').click()
+        page.locator('#mode-mesh .mesh-btn[data-axis="pp"]:visible').click()
         fills = {int(ranks.nth(i).get_attribute("data-rank")): ranks.nth(i).locator("rect").get_attribute("fill")
                  for i in range(4)}
         assert fills[0] == fills[2] and fills[1] == fills[3] and fills[0] != fills[1]  # rank = pp*2 + tp
-        table = page.locator("#mode-3d .mesh-table:visible").inner_text()
+        table = page.locator("#mode-mesh .mesh-table:visible").inner_text()
         assert "2 of 2 cross nodes" in table and "all inside a node" in table  # pp crosses, tp does not
         three_d = ok["3d"]
         assert key(page, "mesh-share-tp") == pct(three_d["measured"]["comm_share_by_axis_pct"]["tp"])
@@ -189,9 +189,9 @@ def test_one_strategy_study_and_failures_in_the_browser(browser, tmp_path_factor
         page.select_option("#mode-pp select.run-select", "2")  # interleaved: its own chart appears
         page.wait_for_function("document.querySelectorAll('#mode-pp .js-plotly-plot').length == 2")
         assert key(page, "pp-demo-formula") == "15.8%"  # (4-1)/(2*8+4-1)
-        click_mode(page, "3d", tmp_path)
-        assert "This study ran no config that combines" in page.locator("#mode-3d").inner_text()
-        assert page.locator("#mode-3d .mesh-rank").count() == 2  # the largest run's mesh: ddp dp2
+        click_mode(page, "mesh", tmp_path)
+        assert "This study ran no config that combines" in page.locator("#mode-mesh").inner_text()
+        assert page.locator("#mode-mesh .mesh-rank").count() == 2  # the largest run's mesh: ddp dp2
         assert page.locator("#failures-table tbody tr").count() == 3
         assert errors == []
     shutil.copy(html, tmp_path / "kept.html")

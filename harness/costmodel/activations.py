@@ -38,6 +38,8 @@ Micro-batches in flight per pipeline rank (what multiplies one micro-batch's act
 """
 from __future__ import annotations
 
+from harness import catalog
+
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
                             recompute: str = "none") -> float:
@@ -106,15 +108,19 @@ def in_flight(schedule: str, pp: int, vpp: int, m: int, pp_rank: int) -> float:
     micro-batch through all the layers that rank holds."""
     if pp == 1 and vpp == 1:
         return 1.0
-    if schedule in ("gpipe", "looped_bfs"):
-        return float(m)
-    if schedule == "1f1b":
-        return float(min(m, pp - pp_rank))
-    if schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
-        chunks = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + 1
-        return min(chunks, m * vpp) / vpp
-    if schedule == "zbv_zero_bubble":
-        return float(min(m, pp))
-    if schedule == "dualpipev":
-        return float(min(m, pp + 1))
-    return float(m)
+    return IN_FLIGHT[catalog.schedule(schedule).in_flight](pp, vpp, m, pp_rank)
+
+
+def _interleaved_in_flight(pp: int, vpp: int, m: int, pp_rank: int) -> float:
+    chunks = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + 1
+    return min(chunks, m * vpp) / vpp
+
+
+# by the catalog's `in_flight` kind of a schedule: f(pp, vpp, m, pp_rank), see the module docstring
+IN_FLIGHT = {
+    "all": lambda pp, vpp, m, r: float(m),
+    "one_f_one_b": lambda pp, vpp, m, r: float(min(m, pp - r)),
+    "interleaved": _interleaved_in_flight,
+    "zbv": lambda pp, vpp, m, r: float(min(m, pp)),
+    "dualpipe_v": lambda pp, vpp, m, r: float(min(m, pp + 1)),
+}

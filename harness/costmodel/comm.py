@@ -77,11 +77,11 @@ def dp_ops_scaling(fam: str, zero_stage: int, n: int, param_bytes: float, grad_b
     part of param_bytes in transformer blocks (FSDP units resharded after forward); default all."""
     if n <= 1:
         return []
-    if fam == "replicate":
+    if fam == "replicated":
         return [("all_reduce", grad_bytes, 0.0, "grad")]
     if fam == "zero1_torch":
         return [("all_reduce", grad_bytes, 0.0, "grad"), ("broadcast", param_bytes, 0.0, "step")]
-    if fam == "fsdp":
+    if fam == "sharded":
         # harness/strategies/fsdp.py: a resharding unit is gathered for the first forward and for
         # every backward; it stays gathered from a non-last backward into the next forward: m + 1.
         # The root unit (embeddings, ln_f, head) is not resharded after forward (fsdp.py passes

@@ -31,7 +31,8 @@ from harness.costmodel import pipeline as pipe
 from harness.costmodel import traffic
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token)
-from harness.costmodel.params import params_total, rank_inventory, stages_of_rank, numel, block_tensors
+from harness import catalog
+from harness.costmodel.params import params_total, rank_inventory, numel, block_tensors
 
 PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 MEM_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes")
@@ -109,10 +110,10 @@ class Strategy:
         self.ds_buckets = ((s.ds.reduce_bucket_size, s.ds.stage3_prefetch_bucket_size, s.ds.stage3_max_live_parameters)
                            if s.engine == "deepspeed" else None)
         # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
-        self.uses_ddp = self.fam in ("replicate", "zero1_torch") and s.engine == "torch"
+        self.uses_ddp = self.fam in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
-        self.autocast = self.fam not in ("fsdp", "deepspeed")
+        self.autocast = self.fam not in ("sharded", "deepspeed")
         return self
 
 
@@ -127,11 +128,11 @@ def ranks_per_node(hw: Hardware, world: int, nodes: int) -> int:
 
 def ideal_stage(st: "Strategy") -> int:
     """The ZeRO stage whose ideal memory this engine approximates."""
-    if st.fam == "replicate":
+    if st.fam == "replicated":
         return 0
     if st.fam == "zero1_torch":
         return 1
-    if st.fam == "fsdp":
+    if st.fam == "sharded":
         return st.zero_stage if st.zero_stage >= 2 else 3
     return st.zero_stage
 
@@ -172,7 +173,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     v = lo.v = vpp if pp > 1 else 1
     lo.n_stages = n_stages = pp * v
     lo.world = world = dp * tp * pp
-    e = lo.e = mem.ACT_BYTES[precision]
+    e = lo.e = catalog.PRECISION_BYTES[precision]
     lo.e_res = 4 if st.autocast else e  # the residual stream: fp32 under autocast
     lo.rpn = ranks_per_node(hw, world, nodes)
     lo.slowdown = max(1.0, lo.rpn / hw.devices_per_node) if hw.device == "cpu" else 1.0
@@ -188,7 +189,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     for r in (range(pp) if detail else sorted({0, min(1, pp - 1), pp - 1})):
         ri = RankInfo()
         ri.r = r
-        ri.stages = stages_of_rank(r, pp, v, st.schedule)
+        ri.stages = catalog.stages_of_rank(st.schedule, r, pp, v)
         ri.groups = rank_inventory(md.shape, tp, pp, v, ep, st.schedule, r)
         ri.numel = numel(ri.groups)
         ri.states = mem.model_states(fam, ri.groups, dp, ep, precision, st.ds_knobs, detail)
@@ -205,7 +206,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     lo.act_seq = {c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in ("none", "selective", "full")}
     lo.head_seq = act.head_bytes(md.s, 1, md.h, md.V, tp, True)
     lo.logits_seq = 8 * md.s * md.V / head_div  # logits + their gradient, at the end of forward / start of backward
-    lo.unsharded_e = e if fam == "fsdp" else 4  # FSDP2 gathers params in param_dtype
+    lo.unsharded_e = e if fam == "sharded" else 4  # FSDP2 gathers params in param_dtype
     lo.fsdp_block = lo.unsharded_e * (4 * md.h * md.h + 2 * md.h * md.d_ff) / tp
     # forward+backward FLOPs per token of one layer (x3; full recompute x4; selective + the core)
     lo.layer_fl = {"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
@@ -225,7 +226,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
 
     busiest = max(lo.ranks, key=lambda ri: ri.numel)
     grad_elem = 4 if (fam != "deepspeed" or precision == "fp32") else e
-    param_elem = e if fam in ("fsdp", "deepspeed") else 4
+    param_elem = e if fam in ("sharded", "deepspeed") else 4
     dense_g, expert_g = _grad_comm_bytes(st, busiest.groups, dp, ep, grad_elem)
     dense_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "dense")
     expert_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "expert")
@@ -285,7 +286,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
                if dp > 1 and (st.uses_ddp or fam == "deepspeed") else 0)
     held = 0.0  # unsharded FSDP state held across forward and backward
     transient = lo.logits_seq * mb if worst.last else 0.0
-    if fam == "fsdp" and dp > 1:
+    if fam == "sharded" and dp > 1:
         full = lo.unsharded_e * worst.numel
         transient = max(transient, 3 * lo.fsdp_block)  # this unit's and the prefetched unit's params + its grads
         if not st.reshard_after_forward:

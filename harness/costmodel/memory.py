@@ -6,15 +6,15 @@ TP/PP/EP, N = data-parallel degree:
     fp32:            4Ψ params + 4Ψ grads + 8Ψ optimizer (momentum, variance; no master copy)
     stage 1 divides the optimizer by N, stage 2 also the grads, stage 3 also the params.
 
-What the engines hold (one function per family; measured = exact local tensor bytes after a step,
+What the engines hold (one function per family, named as harness/catalog.py names them; measured = exact local tensor bytes after a step,
 params / grads / optimizer state, see harness/worker/measure.py):
-  replicate   single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
+  replicated  single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
               4 B params + 4 B grads + AdamW's exp_avg and exp_avg_sq (8 B) per parameter plus a 0-d
               fp32 `step` tensor (4 B) per parameter tensor, whatever the precision.
   zero1_torch torch ZeroRedundancyOptimizer: params and grads whole; whole parameters are assigned
               to ranks greedily, largest first, each to the rank with the fewest elements so far
               (ties: lowest rank), so optimizer bytes differ between ranks.
-  fsdp        FSDP2 fully_shard (fsdp, zero2, zero3, 3d with dp_shard=fsdp): every parameter is
+  sharded     FSDP2 fully_shard (fsdp, zero2, zero3, 3d with dp_shard=fsdp): every parameter is
               split on dim 0 in torch.chunk pieces of ceil(dim0/N) rows (the last ranks may hold
               fewer or none); grads and optimizer state follow the same split. Rank 0 holds the most.
   deepspeed   DeepSpeed ZeRO 0-3 with a client torch AdamW. Stage 0: as replicate. Stages 1/2:
@@ -32,22 +32,13 @@ from __future__ import annotations
 import heapq
 from functools import lru_cache
 
+from harness import catalog
 from harness.costmodel.params import n_tensors, numel
-
-ACT_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}  # low-precision element size
 
 
 def family(strategy) -> str:
-    """Which engine holds the model states for this strategy config."""
-    if strategy.engine == "deepspeed":
-        return "deepspeed"
-    if strategy.name == "3d":
-        return "fsdp" if strategy.dp_shard == "fsdp" else "replicate"
-    if strategy.name == "fsdp" or strategy.zero_stage >= 2:
-        return "fsdp"
-    if strategy.zero_stage == 1:
-        return "zero1_torch"
-    return "replicate"
+    """Which engine holds the model states for this strategy config (harness/catalog.py)."""
+    return catalog.state_family(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard)
 
 
 def _chunk(dim0: int, n: int, rank: int) -> int:
@@ -104,7 +95,7 @@ def deepspeed(groups, dp, ep, precision, knobs, dp_ranks):
 
 
 def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
-    e = ACT_BYTES[precision]
+    e = catalog.PRECISION_BYTES[precision]
     n = numel(groups)
     if stage == 0:
         if precision == "fp32":
@@ -131,7 +122,7 @@ def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
     return [one for _ in dp_ranks]
 
 
-FAMILIES = {"replicate": replicate, "zero1_torch": zero1_torch, "fsdp": fsdp, "deepspeed": deepspeed}
+FAMILIES = {"replicated": replicate, "zero1_torch": zero1_torch, "sharded": fsdp, "deepspeed": deepspeed}
 
 
 @lru_cache(maxsize=65536)
@@ -159,7 +150,7 @@ def comm_buffer_bytes(fam: str, zero_stage: int, grads_bytes: int, bucket_cap_mb
     """Persistent buffers the engine keeps besides the model states.
     DDP's reducer (gradient_as_bucket_view=False) keeps flat bucket copies of every gradient;
     DeepSpeed keeps a reduce bucket of reduce_bucket_size elements (and an all-gather bucket)."""
-    if fam in ("replicate", "zero1_torch"):
+    if fam in ("replicated", "zero1_torch"):
         return grads_bytes
     if fam == "deepspeed" and ds_knobs is not None:
         return 4 * ds_knobs[0] + (4 * min(ds_knobs[1], ds_knobs[2]) if zero_stage == 3 else 0)

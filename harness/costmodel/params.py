@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-# tensor -> dimension split by tp (None: replicated): models/tp_plan.py's PLAN/SHARDED_DIM, restated
-# so the planner's inner loop needs no name matching (tests/test_costmodel.py checks they agree).
-TP_SHARD = {"tok_emb": 0, "pos_emb": None, "ln": None, "q": 0, "k": 0, "v": 0, "o": 1, "fc1": 0, "fc2": 1,
-            "router": None, "head": 0}
+from harness import catalog
+from models.tp_plan import SHARDED_DIM, role_of
 
-V_SCHEDULES = ("zbv_zero_bubble", "dualpipev")
+# tensor -> dimension split by tp (None: replicated), read once from models/tp_plan.py's PLAN so the
+# planner's inner loop needs no name matching.
+_MODULE_OF = {"tok_emb": "tok_emb", "pos_emb": "pos_emb", "ln": "blocks.0.ln1", "q": "blocks.0.attn.q",
+              "k": "blocks.0.attn.k", "v": "blocks.0.attn.v", "o": "blocks.0.attn.o", "fc1": "blocks.0.mlp.fc1",
+              "fc2": "blocks.0.mlp.fc2", "router": "blocks.0.mlp.router", "head": "head"}
+TP_SHARD = {name: SHARDED_DIM.get(role_of(module)) for name, module in _MODULE_OF.items()}
 
 
 def _local(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, int]:
@@ -60,15 +63,6 @@ def block_tensors(h: int, d_ff: int, n_experts: int, tp: int, ep: int) -> list[t
     return out
 
 
-def stages_of_rank(pp_rank: int, pp: int, vpp: int, schedule: str) -> tuple[int, ...]:
-    """Virtual stages a pipeline rank holds (torch.distributed.pipelining placement)."""
-    if pp == 1 and vpp == 1:
-        return (0,)
-    if schedule in V_SCHEDULES:
-        return (pp_rank, 2 * pp - 1 - pp_rank)
-    return tuple(pp_rank + i * pp for i in range(vpp))
-
-
 @lru_cache(maxsize=4096)
 def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: str, pp_rank: int) -> tuple:
     """Local parameter groups of one pp rank (the same on every tp and dp rank of that stage).
@@ -78,7 +72,7 @@ def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: 
     n_stages = pp * vpp
     per_stage = L // n_stages
     groups: list = []
-    stages = stages_of_rank(pp_rank, pp, vpp, schedule)
+    stages = catalog.stages_of_rank(schedule, pp_rank, pp, vpp)
     n_blocks = per_stage * len(stages)
     if 0 in stages:
         groups += [(1, *_local("tok_emb", (V, h), tp), "dense"), (1, *_local("pos_emb", (s, h), tp), "dense")]

@@ -14,20 +14,22 @@ i.e. backward twice the forward, split evenly into input- and weight-gradient ha
 """
 from __future__ import annotations
 
+from harness import catalog
+
+# idle units by the catalog's `bubble` kind of a schedule: f(pp, m)
+IDLE_UNITS = {
+    "textbook": lambda pp, m: float(pp - 1),
+    "zb_h1": lambda pp, m: (pp - 1) / 3,
+    "zbv": lambda pp, m: 0.0 if m >= 2 * pp else (pp - 1) / 3,
+    "dualpipe_v": lambda pp, m: 0.0 if m >= pp else (pp - 1) / 3,
+}
+
 
 def bubble_units(schedule: str, pp: int, vpp: int, m: int) -> float:
     """Idle time per step in units of one virtual stage's t_F + t_B + t_W."""
     if pp <= 1:
         return 0.0
-    if schedule in ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs"):
-        return float(pp - 1)
-    if schedule == "interleaved_zero_bubble":
-        return (pp - 1) / 3
-    if schedule == "zbv_zero_bubble":
-        return 0.0 if m >= 2 * pp else (pp - 1) / 3
-    if schedule == "dualpipev":
-        return 0.0 if m >= pp else (pp - 1) / 3
-    return float(pp - 1)
+    return IDLE_UNITS[catalog.schedule(schedule).bubble](pp, m)
 
 
 def bubble_pct(schedule: str, pp: int, vpp: int, m: int) -> float:

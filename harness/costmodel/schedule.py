@@ -28,10 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble",
-             "dualpipev")
-V_SHAPED = ("zbv_zero_bubble", "dualpipev")
-SPLIT_BACKWARD = ("interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev")
+from harness import catalog
+
 
 
 @dataclass
@@ -61,36 +59,25 @@ def formula_bubble_pct(pp: int, num_microbatches: int, vpp: int = 1) -> float:
     return 100.0 * (pp - 1) / (vpp * num_microbatches + pp - 1)
 
 
-def stages_of_rank(schedule: str, pp: int, vpp: int, rank: int) -> list[int]:
-    if schedule in V_SHAPED:
-        return [rank, 2 * pp - 1 - rank]
-    return [rank + c * pp for c in range(vpp)]
-
-
-def _rank_of_stage(schedule: str, pp: int, stage: int) -> int:
-    if schedule in V_SHAPED:
-        return stage if stage < pp else 2 * pp - 1 - stage
-    return stage % pp
-
-
 def _orders(schedule: str, p: int, v: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
     """Per rank, the ordered (action, stage, mb) list of a non-V schedule (W not included)."""
     out = {}
     for r in range(p):
-        if schedule == "gpipe":
+        order = catalog.schedule(schedule).order
+        if order == "all_forward_first":
             out[r] = [("F", r, i) for i in range(m)] + [("B", r, i) for i in range(m)]
-        elif schedule == "1f1b":
+        elif order == "one_f_one_b":
             warm = min(p - 1 - r, m)
             ops = [("F", r, i) for i in range(warm)]
             for i in range(m - warm):
                 ops += [("F", r, warm + i), ("B", r, i)]
             ops += [("B", r, i) for i in range(m - warm, m)]
             out[r] = ops
-        elif schedule == "looped_bfs":
-            stages = stages_of_rank(schedule, p, v, r)
+        elif order == "breadth_first":
+            stages = catalog.stages_of_rank(schedule, r, p, v)
             out[r] = ([("F", s, i) for s in stages for i in range(m)]
                       + [("B", s, i) for s in reversed(stages) for i in range(m)])
-        elif schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        elif order == "interleaved":
             out[r] = _interleaved(p, v, m, r)
         else:
             raise ValueError(f"no explicit order for schedule {schedule}")
@@ -123,16 +110,16 @@ def _interleaved(p: int, v: int, m: int, r: int) -> list[tuple[str, int, int]]:
 
 def simulate(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Simulation:
     """The predicted timeline of one step of `schedule` with unit durations (see the module docstring)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule '{schedule}'; known: {', '.join(SCHEDULES)}")
+    if schedule not in catalog.SCHEDULES:
+        raise ValueError(f"unknown schedule '{schedule}'; known: {', '.join(catalog.SCHEDULES)}")
+    row = catalog.schedule(schedule)
     p, m = pp, num_microbatches
-    v = 2 if schedule in V_SHAPED else (vpp if schedule in ("interleaved_1f1b", "looped_bfs",
-                                                            "interleaved_zero_bubble") else 1)
+    v = catalog.chunks_per_rank(schedule, vpp)
     assert p >= 1 and m >= 1 and v >= 1, (p, m, v)
-    split = schedule in SPLIT_BACKWARD
+    split = row.split_backward
     dur = {"F": 1.0 / v, "B": (1.0 if split else 2.0) / v, "W": 1.0 / v}
-    sim = Simulation(schedule, p, v, m, approximate=schedule in V_SHAPED)
-    if schedule in V_SHAPED:
+    sim = Simulation(schedule, p, v, m, approximate=row.order == "greedy")
+    if row.order == "greedy":
         sim.events = _greedy(schedule, p, v, m, dur)
     else:
         sim.events = _run_orders(schedule, p, m, _orders(schedule, p, v, m), dur, split)
@@ -209,7 +196,7 @@ def _greedy(schedule, p, v, m, dur) -> list[dict]:
     last_stage = n_stages - 1
     done: dict = {}
     free = [0.0] * p
-    todo = {r: [(a, s, mb) for s in stages_of_rank(schedule, p, v, r) for a in ("F", "B", "W") for mb in range(m)]
+    todo = {r: [(a, s, mb) for s in catalog.stages_of_rank(schedule, r, p, v) for a in ("F", "B", "W") for mb in range(m)]
             for r in range(p)}
     in_flight = [0] * p
     limit = [2 * p] * p  # ZB-V: every rank holds at most ~2p chunk activations (1F1B rank 0 memory)

@@ -28,6 +28,7 @@ def png_paths(html_path: Path) -> dict[str, Path]:
 
 def write_pngs(study, html_path: Path) -> dict[str, Path]:
     """The key charts as PNG next to the HTML; only those the study has data for."""
+    from harness import catalog
     from harness.report import charts, png, pp_mode
     from harness.report.study import candidates
 
@@ -42,7 +43,7 @@ def write_pngs(study, html_path: Path) -> dict[str, Path]:
     if pp_runs:
         run = pp_runs[0]
         d = run.dims
-        sched = run.cfg("strategy", "schedule", default="1f1b")
+        sched = run.cfg("strategy", "schedule", default=catalog.DEFAULT_SCHEDULE)
         try:
             _, pred = pp_mode.predicted_series(sched, d["pp"], d.get("vpp", 1), run.num_microbatches or 1)
         except (ValueError, AssertionError):

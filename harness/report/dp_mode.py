@@ -12,6 +12,7 @@ import json
 from harness.report import ring as ringmod
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
+from harness import catalog
 from harness.report.fmt import esc, nbytes, pct, rate, seconds
 from harness.report.study import Run, Study, candidates, command_for
 
@@ -20,10 +21,10 @@ ZERO_NAMES = {0: "replicated (DDP)", 1: "ZeRO-1: optimizer state", 2: "ZeRO-2: +
 
 
 def zero_stage(run: Run) -> int:
-    if run.strategy == "fsdp" or (run.strategy == "3d" and run.cfg("strategy", "dp_shard", default="fsdp") == "fsdp"
-                                  and run.uses("dp")):
-        return 3
-    return int(run.cfg("strategy", "zero_stage", default=0) or 0)
+    """What this run shards over dp, as a ZeRO stage (harness/catalog.py)."""
+    s = run.cfg("strategy", default={}) or {}
+    return catalog.zero_stage(run.strategy, run.engine, int(s.get("zero_stage") or 0),
+                              s.get("dp_shard", catalog.DEFAULT_DP_SHARD))
 
 
 def full_state_bytes(run: Run) -> tuple[dict[str, float], str]:

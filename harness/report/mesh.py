@@ -7,6 +7,7 @@ the same assumption the cost model makes when it picks intra- or inter-node band
 """
 from __future__ import annotations
 
+from harness import catalog
 from harness.dims import ConfigError, ParallelDims
 
 
@@ -21,10 +22,10 @@ def ranks_per_node(run) -> int:
 def collectives(run, axis: str) -> str:
     """What runs along an axis for this run's strategy, in words."""
     s = run.cfg("strategy", default={}) or {}
-    zero = s.get("zero_stage", 0) or 0
-    name = run.strategy
+    zero = catalog.zero_stage(run.strategy, run.engine, int(s.get("zero_stage") or 0),
+                              s.get("dp_shard", catalog.DEFAULT_DP_SHARD))
     if axis == "dp":
-        if name == "fsdp" or zero == 3 or (name == "3d" and s.get("dp_shard", "fsdp") == "fsdp"):
+        if zero == 3:
             return "all-gather of parameters (forward and backward) + reduce-scatter of gradients"
         if zero == 2 or (zero == 1 and run.engine == "deepspeed"):
             return "reduce-scatter of gradients + all-gather of updated parameters"

@@ -13,17 +13,17 @@ AXIS_WORDS = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline", 
 
 
 def render(study: Study, figs) -> str:
-    runs = candidates(study, "3d")
+    runs = candidates(study, "mesh")
     head = ""
     if not runs:
         # no run combines two axes: draw the biggest run's mesh anyway, it still shows placement
         runs = sorted([r for r in study.runs if r.status != "invalid" and r.r.get("dims")],
                       key=lambda r: (not r.ok, -r.world, r.run_id))[:1]
         head = notice("This study ran no config that combines two or more parallel axes (dp x tp x pp). "
-                      + ("Below: the mesh of its largest run." if runs else ""), command_for(study, "3d"))
+                      + ("Below: the mesh of its largest run." if runs else ""), command_for(study, "mesh"))
     if not runs:
         return head
-    return head + selector("3d", runs, [_panel(r, f"mesh{i}") for i, r in enumerate(runs)])
+    return head + selector("mesh", runs, [_panel(r, f"mesh{i}") for i, r in enumerate(runs)])
 
 
 def _panel(run: Run, wid: str) -> str:

@@ -18,7 +18,7 @@ from harness.report.fmt import esc
 from harness.report.study import Study
 
 MODES = (("dp", "DP", "data parallel", dp_mode), ("tp", "TP", "tensor parallel", tp_mode),
-         ("pp", "PP", "pipeline parallel", pp_mode), ("3d", "3D", "device mesh", mesh_mode))
+         ("pp", "PP", "pipeline parallel", pp_mode), ("mesh", "3D", "device mesh", mesh_mode))
 
 CSS = """
 :root { --fg:#1d232b; --muted:#5b6470; --line:#dde2e8; --bg:#f7f8fa; --accent:#2f6db5; }
@@ -193,7 +193,7 @@ SCRIPT = r"""
   });
 
   var first = (location.hash || "").replace("#", "");
-  showMode(["dp", "tp", "pp", "3d"].indexOf(first) >= 0 ? first : "dp");
+  showMode(["dp", "tp", "pp", "mesh"].indexOf(first) >= 0 ? first : "dp");
   renderPlots(document.getElementById("study-views"));
   document.body.dataset.ready = "1";
 })();

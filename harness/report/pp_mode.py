@@ -7,23 +7,28 @@ from __future__ import annotations
 from harness.report import charts, figures
 from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.fmt import esc, pct
-from harness.costmodel.schedule import SPLIT_BACKWARD, formula_bubble_pct, simulate, stages_of_rank
+from harness import catalog
+from harness.costmodel.schedule import formula_bubble_pct, simulate
 from harness.report.study import Run, Study, candidates, command_for
 
-ILLUSTRATION = (("1f1b", 4, 1, 8), ("gpipe", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_zero_bubble", 4, 2, 8))
+# Drawn when the study ran no pipeline: every schedule the simulator orders exactly (not the greedy
+# V-shaped approximations), the default first, in the textbook case of 4 stages and 8 micro-batches.
+ILLUSTRATION = tuple((name, 4, 1 if row.placement == "one" else 2, 8) for name, row in
+                     sorted(catalog.SCHEDULES.items(), key=lambda kv: kv[0] != catalog.DEFAULT_SCHEDULE)
+                     if row.order != "greedy")
 
 
 def predicted_series(schedule: str, pp: int, vpp: int, m: int):
     sim = simulate(schedule, pp, m, vpp)
-    labels = [f"pp rank {r} (stage {', '.join(map(str, stages_of_rank(schedule, pp, sim.vpp, r)))})" for r in range(pp)]
+    labels = [f"pp rank {r} (stage {', '.join(map(str, catalog.stages_of_rank(schedule, r, pp, sim.vpp)))})" for r in range(pp)]
     series = charts.gantt_series(sim.events, pp, sim.makespan, labels=labels)
     return sim, series
 
 
 def formula(schedule: str, pp: int, vpp: int, m: int) -> float | None:
-    if schedule in SPLIT_BACKWARD:
+    if catalog.schedule(schedule).split_backward:
         return None  # zero-bubble schedules: no closed form of this kind (Qi et al. 2023: ~0 when m >= 2p)
-    v = vpp if schedule in ("interleaved_1f1b", "looped_bfs") else 1
+    v = catalog.chunks_per_rank(schedule, vpp)
     return formula_bubble_pct(pp, m, v)
 
 
@@ -52,7 +57,7 @@ def _panel(study: Study, run: Run, figs) -> str:
     d = run.dims
     p, v = d["pp"], d.get("vpp", 1)
     m = run.num_microbatches or 1
-    sched = run.cfg("strategy", "schedule", default="1f1b")
+    sched = run.cfg("strategy", "schedule", default=catalog.DEFAULT_SCHEDULE)
     body = [f'<h3>{esc(run.label)} <span class="status s-{esc(run.status)}">{esc(run.status)}</span></h3>']
     try:
         sim, pred = predicted_series(sched, p, v, m)

@@ -11,12 +11,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import rundir
+from harness import catalog, rundir
 from harness.run import record as rec
 
 AXES = ("dp", "tp", "pp", "ep")
 MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
-DTYPE_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
 
 
 def _number(x):
@@ -104,7 +103,7 @@ class Run:
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES.get(self.cfg("workload", "precision", default="fp32"), 4)
+        return catalog.PRECISION_BYTES.get(self.cfg("workload", "precision", default="fp32"), 4)
 
     @property
     def num_microbatches(self) -> int | None:
@@ -215,7 +214,7 @@ class Study:
                 and r.m("tokens_per_s")]
         if not same:
             return None
-        return min(same, key=lambda r: (r.world, r.strategy != "single", r.run_id))
+        return min(same, key=lambda r: (r.world, bool(getattr(catalog.STRATEGIES.get(r.strategy), "axes", ())), r.run_id))
 
 
 def load(path: str | Path) -> Study:
@@ -243,7 +242,7 @@ def candidates(study: Study, mode: str, limit: int = 6) -> list[Run]:
     elif mode == "pp":
         use = [r for r in runs if r.uses("pp")]
         key = lambda r: (not r.ok, not r.timelines(), r.uses("dp") + r.uses("tp"), -r.dims["pp"], r.run_id)  # noqa: E731
-    elif mode == "3d":
+    elif mode == "mesh":
         use = [r for r in runs if sum(r.uses(a) for a in AXES) >= 2]
         key = lambda r: (not r.ok, -sum(r.uses(a) for a in AXES), -r.world, r.run_id)  # noqa: E731
     else:
@@ -263,5 +262,5 @@ def command_for(study: Study, mode: str) -> str:
         "dp": f"{base} strategy=ddp parallel.dp=2",
         "tp": f"{base} strategy=tp parallel.tp=2",
         "pp": f"{base} strategy=pp parallel.pp=2 strategy.schedule=1f1b",
-        "3d": f"{base} strategy=3d parallel.dp=2 parallel.tp=2 parallel.pp=2",
+        "mesh": f"{base} strategy=3d parallel.dp=2 parallel.tp=2 parallel.pp=2",
     }[mode]

@@ -1,19 +1,16 @@
-"""Strategies: one module each, found by name, so adding one touches no central if-chain.
+"""Strategies: one module each, found through harness/catalog.py, so adding one touches no if-chain.
 
-A strategy module defines `STRATEGY`, a subclass of `harness.strategies.base.Strategy`. The module is
-`harness.strategies.<impl>` where impl is `strategy.impl` (default: `strategy.name`); every strategy
-run on the DeepSpeed engine is executed by `harness.strategies.deepspeed`.
+A strategy module defines `STRATEGY`, a subclass of `harness.strategies.base.Strategy`. The module
+is the catalog row's `module` (e.g. zero2 and zero3 run harness/strategies/fsdp.py); every strategy
+run on the DeepSpeed engine is executed by harness/strategies/deepspeed/.
 """
 from __future__ import annotations
 
 import importlib
 
-
-def module_name(strategy_cfg) -> str:
-    if strategy_cfg.engine == "deepspeed":
-        return "deepspeed_engine"
-    return strategy_cfg.impl or strategy_cfg.name
+from harness import catalog
 
 
 def load(strategy_cfg):
-    return importlib.import_module(f"harness.strategies.{module_name(strategy_cfg)}").STRATEGY
+    module = catalog.module_of(strategy_cfg.name, strategy_cfg.engine)
+    return importlib.import_module(f"harness.strategies.{module}").STRATEGY

@@ -35,37 +35,24 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
                                           ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
                                           ScheduleLoopedBFS, ScheduleZBVZeroBubble)
 
+from harness import catalog
 from harness.strategies.base import Strategy
 from harness.validate import num_microbatches
 from harness.strategies.pipeline_timeline import Timeline
 from models.gpt import loss_fn
 from models.pipeline_split import even_split, stage_module
 
+# schedule name -> torch class; what each schedule is (placement, vpp rule, loss rank) is in harness/catalog.py
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B,
              "looped_bfs": ScheduleLoopedBFS, "interleaved_zero_bubble": ScheduleInterleavedZeroBubble,
              "zbv_zero_bubble": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
-SINGLE_STAGE = ("gpipe", "1f1b")  # PipelineScheduleSingle: one stage object per rank
-V_SHAPED = ("zbv_zero_bubble", "dualpipev")
-
-
-def stage_indices(schedule: str, pp_rank: int, pp: int, vpp: int) -> list[int]:
-    """The stage indices pp rank `pp_rank` holds, in the order its schedule expects them."""
-    if schedule in V_SHAPED:
-        assert vpp == 2, vpp
-        return [pp_rank, 2 * pp - 1 - pp_rank]
-    return [pp_rank + i * pp for i in range(vpp)]
-
-
-def loss_rank(schedule: str, pp: int) -> int:
-    """The pp coordinate of the rank that holds the last stage (and so computes the loss)."""
-    return 0 if schedule in V_SHAPED else pp - 1
 
 
 class PipelineStrategy(Strategy):
     @property
     def loss_owner(self) -> bool:
         c = self.dims.coords(dist.get_rank())
-        return c["tp"] == 0 and c["pp"] == loss_rank(self.run.strategy.schedule, self.dims.pp)
+        return c["tp"] == 0 and c["pp"] == catalog.loss_rank(self.run.strategy.schedule, self.dims.pp)
 
     # -- building ----------------------------------------------------------------------------
     def parallelize_stage(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -81,7 +68,7 @@ class PipelineStrategy(Strategy):
         self.num_microbatches = num_microbatches(self.run, d)  # m = global / (dp * micro)
         pp_rank = d.coords(dist.get_rank())["pp"]
         splits = even_split(self.run.model.n_layers, d.num_stages)
-        self.stage_ids = stage_indices(s.schedule, pp_rank, d.pp, d.vpp)
+        self.stage_ids = list(catalog.stages_of_rank(s.schedule, pp_rank, d.pp, d.vpp))
         modules = [self.parallelize_stage(stage_module(model, splits[i])) for i in self.stage_ids]
         del model  # each stage module is a pruned copy; the worker's full model is not used again
         pp_group = self.mesh["pp"].get_group()
@@ -93,7 +80,7 @@ class PipelineStrategy(Strategy):
         self.has_first = 0 in self.stage_ids
         self.has_last = d.num_stages - 1 in self.stage_ids
         cls = SCHEDULES[s.schedule]
-        self.schedule = cls(stages[0] if s.schedule in SINGLE_STAGE else stages, self.num_microbatches,
+        self.schedule = cls(stages[0] if catalog.schedule(s.schedule).placement == "one" else stages, self.num_microbatches,
                             loss_fn=self._microbatch_loss, scale_grads=False)
         self.model = torch.nn.ModuleList(modules)  # every parameter this rank holds, for the optimizer
         self.optimizer = self.make_optimizer(self.model.parameters(), foreach=self.foreach())

@@ -8,7 +8,7 @@ Enumerates every (dp, tp, pp, vpp + schedule, ep, ZeRO stage, micro-batch size, 
 dp*tp*pp = plan.gpus that brigade can run: the global batch is the workload's
 (workload.global_batch_size sequences), so the micro-batch count is m = global / (dp * micro-batch);
 degrees must divide heads, d_ff, layers and experts as harness/validate.py requires; each layout maps
-to an existing strategy (STRATEGY_OF below). Each candidate is evaluated by the same functions
+to an existing strategy (harness/catalog.py strategy_for). Each candidate is evaluated by the same functions
 `harness.tools.predict` uses (harness.costmodel.estimate: `layout` once per parallel layout, then `finish`
 for every micro-batch size and checkpointing mode; maxima only, no per-rank lists), those whose predicted peak memory exceeds the device are dropped, the rest are
 ranked by predicted tokens/s. The table says why each wins: its efficiency and what it loses to
@@ -23,38 +23,31 @@ measurement beside this prediction. The last line is always
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import time
 from dataclasses import replace
 
-SCHEDULES_VPP = (("1f1b", (1,)), ("interleaved_1f1b", (2, 4, 8)), ("zbv_zero_bubble", (2,)))
+from harness import catalog
+
+# (schedule, the vpp values tried) for pp > 1, from the catalog; one stage per rank when pp = 1
+SCHEDULES_VPP = tuple((name, row.plan_vpps) for name, row in catalog.SCHEDULES.items() if row.plan_vpps)
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 CHECKPOINTING = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def strategy_of(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, dict] | None:
-    """The brigade strategy (name, strategy overrides) that runs this layout, or None if none does.
+@functools.lru_cache(maxsize=None)
+def strategy_defaults(name: str) -> dict:
+    """The scalar knobs conf/strategy/<name>.yaml sets (zero_stage, reshard_after_forward, ...)."""
+    from omegaconf import OmegaConf
 
-    dp only: ZeRO 0-3 = ddp / zero1 / zero2 / zero3 (single on one device); tp only: tp; pp only: pp;
-    ep (with dp): ep; mixed axes: 3d, whose dp axis is DDP (ZeRO 0) or FSDP2 (ZeRO 3, or ZeRO 2
-    with reshard_after_forward=false)."""
-    if ep > 1:
-        return ("ep", {}) if tp == 1 and pp == 1 and zero == 0 else None
-    if tp == 1 and pp == 1:
-        if dp == 1:
-            return ("single", {}) if zero == 0 else None
-        return ({0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[zero], {})
-    if dp == 1 and zero == 0 and (tp == 1 or pp == 1):
-        return ("tp", {}) if pp == 1 else ("pp", {})
-    if zero == 0:
-        return "3d", {"dp_shard": "ddp"}
-    if zero == 3:
-        return "3d", {"dp_shard": "fsdp", "reshard_after_forward": True}
-    if zero == 2:
-        return "3d", {"dp_shard": "fsdp", "reshard_after_forward": False}
-    return None
+    from harness.config import CONF_DIR, StrategyConfig
+
+    fields = set(StrategyConfig.__dataclass_fields__) - {"name", "engine", "ds", "schedule"}
+    values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml"))
+    return {k: v for k, v in values.items() if k in fields}
 
 
 def divisors(n: int) -> list[int]:
@@ -98,12 +91,9 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     def knobs_for(name, extra, schedule):
         key = (name, tuple(sorted(extra.items())), schedule)
         if key not in knob_cache:
-            base = replace(run.strategy, name=name, schedule=schedule, **extra)
-            if name in ("zero1", "zero2", "zero3"):
-                base = replace(base, zero_stage=int(name[-1]), reshard_after_forward=name != "zero2")
-            elif name in ("ddp", "single", "tp", "pp", "ep", "3d"):
-                base = replace(base, zero_stage=0)
-            knob_cache[key] = Strategy.of(replace(base, engine="torch"))
+            # the strategy's own conf/strategy/<name>.yaml values (zero stage, resharding), then the layout's
+            base = replace(run.strategy, **{"zero_stage": 0, **strategy_defaults(name)})
+            knob_cache[key] = Strategy.of(replace(base, name=name, schedule=schedule, engine="torch", **extra))
         return knob_cache[key]
 
     feasible, evaluated, oom, t0 = [], 0, 0, time.perf_counter()
@@ -114,11 +104,11 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
             if L % pp:
                 continue
             dp = gpus // (tp * pp)
-            schedules = SCHEDULES_VPP if pp > 1 else (("1f1b", (1,)),)
+            schedules = SCHEDULES_VPP if pp > 1 else ((catalog.DEFAULT_SCHEDULE, (1,)),)
             eps = [e for e in divisors(dp) if E and E % e == 0] if E else [1]
             for ep in eps:
                 for zero in ZERO_STAGES:
-                    strat = strategy_of(dp, tp, pp, ep, zero)
+                    strat = catalog.strategy_for(dp, tp, pp, ep, zero)
                     if strat is None or strat[0] not in have:
                         continue
                     for schedule, vpps in schedules:

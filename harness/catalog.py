@@ -1,0 +1,174 @@
+"""What each strategy and each pipeline schedule *is*, declared once (pure Python, no torch).
+
+Validation, the cost model, the planner and the report read these rows; only harness/strategies/
+maps names to torch classes. A new strategy or schedule is one module, one yaml and one row here.
+
+Strategies (the rows of STRATEGIES):
+    axes         the parallel axes it may set > 1 (the others must be 1)
+    module       the module under harness/strategies/ that runs it on engine torch
+    states       how engine torch holds the model states over dp (the cost model's memory family):
+                   replicated     every dp rank holds everything (DDP; tp/pp/ep hold their shards)
+                   zero1_torch    ZeroRedundancyOptimizer: whole params/grads, optimizer state by rank
+                   sharded        FSDP2: params, grads, optimizer state split on dim 0 over dp
+                   by_dp_shard    the strategy's `dp_shard` knob decides (DP_SHARD)
+    Engine deepspeed holds its own way whatever the name (family "deepspeed", its ZeRO stage).
+
+Pipeline schedules (the rows of SCHEDULES), as torch.distributed.pipelining runs them:
+    placement    which of the S = pp * vpp stages pp rank r holds:
+                   one      stage r (gpipe, 1f1b; vpp = 1)
+                   looped   stages r, r + pp, ..., r + (vpp-1) pp
+                   v        stages r and 2 pp - 1 - r (vpp = 2): rank 0 holds both ends and the loss
+    vpp          virtual stages per rank it needs: 1, 2, or ANY_VPP (any >= 2)
+    split_backward  the backward is split in B (input grads) and W (weight grads): zero-bubble family
+    order        the order of a rank's F/B actions in the schedule simulator (harness/costmodel/schedule.py)
+    bubble       the idle-time formula (harness/costmodel/pipeline.py) and in_flight the peak of
+                 micro-batches alive on a rank (harness/costmodel/activations.py), by kind
+    min_microbatches  "stages": m >= pp * vpp on every engine; torch_microbatches: what torch's
+                 schedule class refuses at construction ("stages_pp": m >= pp; "rounds": m a multiple
+                 of its rounds max(1, m // pp))
+    plan_vpps    the vpp values the planner tries for this schedule (empty: not searched)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AXES = ("dp", "tp", "pp", "ep")  # mesh axes a strategy can use (harness/dims.py places them)
+ENGINES = ("torch", "deepspeed")
+# Element size of the low-precision copies (activations, bf16/fp16 params and grads) per precision;
+# fp32 master weights and AdamW state stay 4 bytes whatever the precision.
+PRECISION_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
+PRECISIONS = tuple(PRECISION_BYTES)
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    name: str
+    axes: tuple[str, ...]
+    module: str
+    states: str
+
+
+STRATEGIES = {s.name: s for s in (
+    StrategyRow("single", (), "single", "replicated"),
+    StrategyRow("ddp", ("dp",), "ddp", "replicated"),
+    StrategyRow("zero1", ("dp",), "zero1", "zero1_torch"),
+    StrategyRow("zero2", ("dp",), "fsdp", "sharded"),
+    StrategyRow("zero3", ("dp",), "fsdp", "sharded"),
+    StrategyRow("fsdp", ("dp",), "fsdp", "sharded"),
+    StrategyRow("tp", ("tp",), "tp", "replicated"),
+    StrategyRow("pp", ("pp",), "pp", "replicated"),
+    StrategyRow("3d", ("dp", "tp", "pp"), "mesh3d", "by_dp_shard"),
+    StrategyRow("ep", ("dp", "ep"), "ep", "replicated"),
+)}
+# 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
+DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0)}
+DEFAULT_DP_SHARD = "fsdp"
+DEEPSPEED_MODULE = "deepspeed.engine"  # every strategy on engine deepspeed: harness/strategies/deepspeed/
+
+
+def strategy(name: str) -> StrategyRow:
+    if name not in STRATEGIES:
+        raise KeyError(f"unknown strategy '{name}'; available: {', '.join(sorted(STRATEGIES))}")
+    return STRATEGIES[name]
+
+
+def state_family(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD) -> str:
+    """The cost model's memory family for a strategy config: replicated | zero1_torch | sharded | deepspeed."""
+    if engine == "deepspeed":
+        return "deepspeed"
+    states = strategy(name).states
+    return DP_SHARD[dp_shard][0] if states == "by_dp_shard" else states
+
+
+def zero_stage(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD) -> int:
+    """What is sharded over dp, as a ZeRO stage (0 nothing, 1 optimizer, 2 + grads, 3 + params)."""
+    row = STRATEGIES.get(name)  # records of unknown or unnamed strategies (invalid configs) keep their stage
+    if engine != "deepspeed" and row is not None and row.states == "by_dp_shard":
+        return DP_SHARD[dp_shard][1]
+    return zero_stage
+
+
+def module_of(name: str, engine: str) -> str:
+    """The module under harness/strategies/ that runs this strategy."""
+    return DEEPSPEED_MODULE if engine == "deepspeed" else strategy(name).module
+
+
+def strategy_for(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, dict] | None:
+    """The strategy (name, strategy overrides) that runs this layout on engine torch, or None.
+
+    dp only: ZeRO 0-3 = ddp / zero1 / zero2 / zero3 (single on one device); tp only: tp; pp only: pp;
+    ep (with dp): ep; mixed axes: 3d, whose dp axis is DDP (ZeRO 0) or FSDP2 (ZeRO 3, or ZeRO 2
+    with reshard_after_forward=false)."""
+    if ep > 1:
+        return ("ep", {}) if tp == 1 and pp == 1 and zero == 0 else None
+    if tp == 1 and pp == 1:
+        if dp == 1:
+            return ("single", {}) if zero == 0 else None
+        return ({0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[zero], {})
+    if dp == 1 and zero == 0 and (tp == 1 or pp == 1):
+        return ("tp", {}) if pp == 1 else ("pp", {})
+    if zero == 0:
+        return "3d", {"dp_shard": "ddp"}
+    if zero in (2, 3):
+        return "3d", {"dp_shard": "fsdp", "reshard_after_forward": zero == 3}
+    return None
+
+
+# -- pipeline schedules --------------------------------------------------------------------------
+ANY_VPP = None  # "any vpp >= 2"
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    name: str
+    placement: str
+    vpp: int | None
+    split_backward: bool
+    order: str
+    bubble: str
+    in_flight: str
+    min_microbatches: str = ""
+    torch_microbatches: str = ""
+    plan_vpps: tuple[int, ...] = ()
+
+
+SCHEDULES = {s.name: s for s in (
+    ScheduleRow("gpipe", "one", 1, False, "all_forward_first", "textbook", "all"),
+    ScheduleRow("1f1b", "one", 1, False, "one_f_one_b", "textbook", "one_f_one_b", torch_microbatches="stages_pp",
+                plan_vpps=(1,)),
+    ScheduleRow("interleaved_1f1b", "looped", ANY_VPP, False, "interleaved", "textbook", "interleaved",
+                torch_microbatches="rounds", plan_vpps=(2, 4, 8)),
+    ScheduleRow("looped_bfs", "looped", ANY_VPP, False, "breadth_first", "textbook", "all"),
+    ScheduleRow("interleaved_zero_bubble", "looped", ANY_VPP, True, "interleaved", "zb_h1", "interleaved",
+                torch_microbatches="rounds"),
+    ScheduleRow("zbv_zero_bubble", "v", 2, True, "greedy", "zbv", "zbv", plan_vpps=(2,)),
+    ScheduleRow("dualpipev", "v", 2, True, "greedy", "dualpipe_v", "dualpipe_v", min_microbatches="stages"),
+)}
+DEFAULT_SCHEDULE = "1f1b"
+DEEPSPEED_SCHEDULE = "1f1b"  # DeepSpeed's PipelineEngine runs its own 1F1B (TrainSchedule)
+
+
+def schedule(name: str) -> ScheduleRow:
+    if name not in SCHEDULES:
+        raise KeyError(f"unknown schedule '{name}'; available: {', '.join(SCHEDULES)}")
+    return SCHEDULES[name]
+
+
+def stages_of_rank(name: str, pp_rank: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """The stage indices pp rank `pp_rank` holds, in the order its schedule expects them."""
+    if pp == 1 and vpp == 1:
+        return (0,)
+    if schedule(name).placement == "v":
+        return (pp_rank, 2 * pp - 1 - pp_rank)
+    return tuple(pp_rank + i * pp for i in range(vpp))
+
+
+def loss_rank(name: str, pp: int) -> int:
+    """The pp coordinate of the rank that holds the last stage, and so computes the loss."""
+    return 0 if schedule(name).placement == "v" else pp - 1
+
+
+def chunks_per_rank(name: str, vpp: int) -> int:
+    """Stage chunks a pp rank runs (its v in the bubble formulas)."""
+    row = schedule(name)
+    return 2 if row.placement == "v" else (vpp if row.placement == "looped" else 1)

@@ -1,0 +1,147 @@
+"""Guards on the shape of the code (issue 11): they fail the moment a change brings back what the
+reorganisation removed. Pure: they read source files with ast and import modules; nothing runs."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("harness", "models", "launch", "hydra_plugins")
+MAX_LINES = 300
+
+
+def project_files() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in project_files()}
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an import names (a module, or the package holding the imported name)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> project modules it imports, at any depth of the file (function-level imports too)."""
+    graph: dict[str, set[str]] = {}
+    for mod, path in MODULES.items():
+        deps = set()
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            else:
+                continue
+            for t in targets:
+                r = _resolve(t)
+                if r and r != mod and not mod.startswith(r + "."):  # a module importing its own package is not a cycle
+                    deps.add(r)
+        graph[mod] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (c := visit(m)):
+            return c
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = import_graph()
+    graph["harness.catalog"] = graph["harness.catalog"] | {"harness.validate"}  # validate imports the catalog
+    assert find_cycle(graph) is not None
+
+
+# Names that are also mesh-axis names (tp, pp, ep) name axes far more often than strategies.
+NAMES = (set(catalog.STRATEGIES) | set(catalog.SCHEDULES)) - set(catalog.AXES)
+ALLOWED = ("harness/catalog.py", "harness/strategies/")
+
+
+def name_literals(path: Path) -> list[tuple[int, str]]:
+    return [(n.lineno, n.value) for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in NAMES]
+
+
+def test_strategy_and_schedule_names_live_in_the_catalog():
+    """A strategy or schedule name as a string literal outside conf/, the catalog, strategies/ (name ->
+    torch class) and tests/ is a fact restated: read the catalog instead."""
+    found = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in project_files()
+             if not str(p.relative_to(REPO)).startswith(ALLOWED) for line, value in name_literals(p)]
+    assert not found, "\n".join(found)
+
+
+def test_name_literal_check_sees_a_planted_literal(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('if schedule == "dualpipev":\n    pass\n')
+    assert name_literals(planted) == [(1, "dualpipev")]
+
+
+PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.table",
+               "harness.costmodel", "harness.tools.plan", "harness.tools.predict", "harness.report",
+               "harness.catalog", "harness.validate", "harness.collect.aggregate", "harness.collect.fidelity",
+               "launch.local", "hydra_plugins.brigade_sweeper")
+
+
+def test_parent_side_imports_without_torch():
+    """The parent process, the cost model, the planner and the report never need torch: they import
+    in a process where `import torch` raises."""
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ImportError('torch is not allowed on the parent side')\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "import importlib\n"
+            f"for m in {PARENT_SIDE!r}:\n"
+            "    importlib.import_module(m)\n"
+            "assert not any(k == 'torch' or k.startswith('torch.') for k in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_over_300_lines(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines (> {MAX_LINES}): split it by what it does"

@@ -38,6 +38,7 @@ ENGINES = ("torch", "deepspeed")
 # fp32 master weights and AdamW state stay 4 bytes whatever the precision.
 PRECISION_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
 PRECISIONS = tuple(PRECISION_BYTES)
+PEAK_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}  # -> hardware peak_tflops / achievable_tflops key
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,6 @@ STRATEGIES = {s.name: s for s in (
 # 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
 DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0)}
 DEFAULT_DP_SHARD = "fsdp"
-DEEPSPEED_MODULE = "deepspeed.engine"  # every strategy on engine deepspeed: harness/strategies/deepspeed/
 
 
 def strategy(name: str) -> StrategyRow:
@@ -88,9 +88,13 @@ def zero_stage(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_
     return zero_stage
 
 
-def module_of(name: str, engine: str) -> str:
-    """The module under harness/strategies/ that runs this strategy."""
-    return DEEPSPEED_MODULE if engine == "deepspeed" else strategy(name).module
+def module_of(name: str, engine: str, pp: int = 1, n_experts: int = 0) -> str:
+    """The module under harness/strategies/ that runs this strategy. On engine deepspeed the mechanism
+    decides, whatever the name: a PipelineModule when pp > 1, DeepSpeed MoE layers when the model has
+    experts, else ZeRO (ddp = stage 0)."""
+    if engine == "deepspeed":
+        return "deepspeed.pipeline" if pp > 1 else "deepspeed.moe" if n_experts else "deepspeed.zero"
+    return strategy(name).module
 
 
 def strategy_for(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, dict] | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 

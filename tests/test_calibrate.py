@@ -8,7 +8,8 @@ import sys
 import pytest
 import yaml
 
-from harness.tools.calibrate import COLLECTIVES, check_profile, fit_alpha_beta
+from harness.tools.calibrate import check_profile
+from harness.tools.calibrate_collectives import COLLECTIVES, fit_alpha_beta
 from tests.helpers import REPO
 
 

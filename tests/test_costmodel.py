@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from harness.costmodel import activations, comm, pipeline
-from harness.costmodel.estimate import Hardware, Model, Strategy, evaluate
+from harness.costmodel.estimate import evaluate
+from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
 from harness.costmodel.params import rank_inventory, numel
 from harness.config import compose_run

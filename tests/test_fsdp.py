@@ -93,6 +93,6 @@ def test_zero_stages_compare_like_for_like_across_engines(tmp_path):
         torch_cfg = to_run_config(compose_config([f"strategy={name}"], tmp_path)).strategy
         assert (module_name(torch_cfg), torch_cfg.zero_stage, torch_cfg.reshard_after_forward) == ("fsdp", stage, reshard)
         ds_cfg = to_run_config(compose_config([f"strategy={name}", "strategy.engine=deepspeed"], tmp_path)).strategy
-        assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("deepspeed.engine", stage)
+        assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("deepspeed.zero", stage)
     z1 = to_run_config(compose_config(["strategy=zero1"], tmp_path)).strategy
     assert (module_name(z1), z1.zero_stage) == ("zero1", 1)

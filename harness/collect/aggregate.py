@@ -6,10 +6,10 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 """
 from __future__ import annotations
 
+from harness import catalog
 from harness.collect import stats
 from harness.costmodel.flops import model_flops_per_step
 
-PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 # master_bytes: a separate fp32 master copy (DeepSpeed's ZeRO optimizers hold one even in fp32); 0 elsewhere
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes")
 
@@ -27,7 +27,7 @@ def aggregate(run, dims, measurement: dict) -> dict:
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     out["model_flops_per_step"] = flops
     out["tflops_per_device"] = flops / out["step_time_s"] / dims.world_size / 1e12
-    peak = run.hardware.peak_tflops.get(PRECISION_KEY[run.workload.precision])
+    peak = run.hardware.peak_tflops.get(catalog.PEAK_KEY[run.workload.precision])
     out["mfu_pct"] = 100 * out["tflops_per_device"] / peak if peak else None
     for key in MEMORY_KEYS:
         per_rank = [r["memory"].get(key, 0) for r in ranks]

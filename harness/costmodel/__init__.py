@@ -9,8 +9,12 @@ anywhere. One formula per function, each citing its source:
     flops.py        model / hardware FLOPs (Megatron convention)
     traffic.py      bytes of the memory-bound work (element-wise ops, gradient accumulation, AdamW)
     comm.py         bytes per axis with nccl-tests bus factors, α-β times
-    pipeline.py     bubble (GPipe / 1F1B / interleaved / zero-bubble)
-    estimate.py     time, overlap and the assembled prediction
+    pipeline.py     bubble (GPipe / 1F1B / interleaved / zero-bubble), by the catalog's bubble kind
+    schedule.py     the pipeline schedule simulator (the Gantt chart a schedule predicts)
+    inputs.py       model, hardware and strategy reduced to numbers once
+    estimate.py     time, overlap and the assembled prediction; details.py the figures only predict adds
+
+What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.
 
 Per rank means the maximum over ranks; `*_per_rank` lists give every rank (rank order
 pp_rank * dp*tp + dp_rank * tp + tp_rank) where ranks differ.
@@ -20,7 +24,8 @@ from harness.costmodel.flops import model_flops_per_step  # noqa: F401
 
 def predict(run, dims) -> dict:
     """Predicted figures for one config (RunConfig, ParallelDims), under the same names as the measured ones."""
-    from harness.costmodel.estimate import Hardware, Model, Strategy, evaluate
+    from harness.costmodel.estimate import evaluate
+    from harness.costmodel.inputs import Hardware, Model, Strategy
     from harness.validate import num_microbatches
 
     w = run.workload

@@ -29,112 +29,12 @@ from harness.costmodel import comm
 from harness.costmodel import memory as mem
 from harness.costmodel import pipeline as pipe
 from harness.costmodel import traffic
-from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
-                                     layer_forward_flops_per_token)
 from harness import catalog
-from harness.costmodel.params import params_total, rank_inventory, numel, block_tensors
+from harness.costmodel.details import details
+from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
+from harness.costmodel.params import rank_inventory, numel, block_tensors
 
-PRECISION_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 MEM_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes")
-
-
-class Model:
-    """A model config reduced to numbers, with per-token FLOPs precomputed."""
-    __slots__ = ("cfg", "shape", "L", "h", "a", "d_ff", "V", "s", "E", "k", "params_total",
-                 "layer_flops", "core_flops", "head_flops")
-
-    @classmethod
-    def of(cls, m) -> "Model":
-        self = cls()
-        self.cfg = m
-        self.L, self.h, self.a, self.d_ff, self.V, self.s = (m.n_layers, m.d_model, m.n_heads, m.d_ff,
-                                                             m.vocab_size, m.seq_len)
-        self.E, self.k = m.n_experts, m.top_k
-        self.shape = (self.L, self.h, self.a, self.d_ff, self.V, self.s, self.E, self.k)
-        self.params_total = params_total(m)
-        self.layer_flops = layer_forward_flops_per_token(m)
-        self.core_flops = attention_core_flops_per_token(m)
-        self.head_flops = head_forward_flops_per_token(m)
-        return self
-
-
-class Hardware:
-    """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
-    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
-                 "collectives", "mem_bw")
-
-    @classmethod
-    def of(cls, hw) -> "Hardware":
-        self = cls()
-        self.name, self.device, self.devices_per_node = hw.name, hw.device, hw.devices_per_node
-        self.memory_bytes = hw.memory_GiB * 1024**3
-        self.peak = {k: v * 1e12 for k, v in dict(hw.peak_tflops).items()}
-        self.rate = {**self.peak, **{k: v * 1e12 for k, v in dict(hw.achievable_tflops).items()}}
-        self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
-        self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
-        self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
-        self.collectives = {}
-        for name, by_n in dict(hw.collectives or {}).items():
-            if not isinstance(by_n, dict) and not hasattr(by_n, "items"):
-                continue
-            table = {}
-            for n, fig in dict(by_n).items():
-                if str(n).isdigit() and fig.get("bus_bw_GBps"):
-                    table[int(n)] = comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9)
-            if table:
-                self.collectives[name] = table
-        return self
-
-
-class Strategy:
-    """The strategy knobs the cost model reads."""
-    __slots__ = ("name", "engine", "fam", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
-                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp", "autocast")
-
-    @classmethod
-    def of(cls, s) -> "Strategy":
-        self = cls()
-        self.name, self.engine, self.zero_stage = s.name, s.engine, s.zero_stage
-        self.fam = mem.family(s)
-        self.schedule = s.schedule
-        self.sp = bool(s.sequence_parallel)
-        self.reshard_after_forward = bool(s.reshard_after_forward)
-        self.bucket_bytes = s.bucket_cap_mb * 1024**2
-        self.comm_hook, self.powersgd_rank = s.comm_hook, s.powersgd_rank
-        # DeepSpeed: None means DeepSpeed's own default, which overlaps at stage 3 only
-        ds_overlap = s.ds.overlap_comm if s.ds.overlap_comm is not None else s.zero_stage == 3
-        self.overlap_comm = bool(ds_overlap) if s.engine == "deepspeed" else True
-        # (stage, persistence threshold, offload): memory.deepspeed leaves offloaded states out
-        self.ds_knobs = ((s.zero_stage, s.ds.stage3_param_persistence_threshold, s.offload)
-                         if s.engine == "deepspeed" else ())
-        self.ds_buckets = ((s.ds.reduce_bucket_size, s.ds.stage3_prefetch_bucket_size, s.ds.stage3_max_live_parameters)
-                           if s.engine == "deepspeed" else None)
-        # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
-        self.uses_ddp = self.fam in ("replicated", "zero1_torch") and s.engine == "torch"
-        # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
-        # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
-        self.autocast = self.fam not in ("sharded", "deepspeed")
-        return self
-
-
-def ranks_per_node(hw: Hardware, world: int, nodes: int) -> int:
-    """Ranks sharing a node. CPU ranks time-share a node's cores; a GPU node holds at most
-    devices_per_node ranks, so a larger world spans at least world / devices_per_node nodes."""
-    nodes = max(1, nodes)
-    if hw.device != "cpu":
-        nodes = max(nodes, -(-world // hw.devices_per_node))
-    return max(1, -(-world // nodes))
-
-
-def ideal_stage(st: "Strategy") -> int:
-    """The ZeRO stage whose ideal memory this engine approximates."""
-    if st.fam == "replicated":
-        return 0
-    if st.fam == "zero1_torch":
-        return 1
-    if st.fam == "sharded":
-        return st.zero_stage if st.zero_stage >= 2 else 3
-    return st.zero_stage
 
 
 def _grad_comm_bytes(st: Strategy, groups, dp: int, ep: int, grad_elem_bytes: int) -> tuple[float, float]:
@@ -177,7 +77,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     lo.e_res = 4 if st.autocast else e  # the residual stream: fp32 under autocast
     lo.rpn = ranks_per_node(hw, world, nodes)
     lo.slowdown = max(1.0, lo.rpn / hw.devices_per_node) if hw.device == "cpu" else 1.0
-    lo.rate_eff = (hw.rate.get(PRECISION_KEY[precision]) or hw.rate["fp32"]) / lo.slowdown
+    lo.rate_eff = (hw.rate.get(catalog.PEAK_KEY[precision]) or hw.rate["fp32"]) / lo.slowdown
     lo.can_overlap = hw.device != "cpu"
     fam = st.fam
     per_stage_layers = md.L // n_stages
@@ -383,71 +283,4 @@ def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, v
     """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.tools.predict)."""
     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)
     out = finish(lo, mb, m, ckpt)
-    return _details(out, lo, mb, m, ckpt) if detail else out
-
-
-def _details(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
-    """The figures only `predict` reports: FLOPs, rates, per-rank lists, Amdahl."""
-    from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-
-    md, hw, st = lo.md, lo.hw, lo.st
-    dp, tp, world = lo.dp, lo.tp, lo.world
-    gbs = mb * m * dp
-    flops = model_flops_per_step(md.cfg, gbs)
-    hw_flops = hardware_flops_per_step(md.cfg, gbs, ckpt)
-    step = out["step_time_s"]
-    pkey = PRECISION_KEY[lo.precision]
-    peak = hw.peak.get(pkey)
-    one_device_s = hw_flops / (hw.rate.get(pkey) or hw.rate["fp32"])
-    speedup = one_device_s / step
-    out.update({
-        "params_total": md.params_total,
-        "params_per_rank": lo.psi_rank,
-        "model_flops_per_step": flops,
-        "hardware_flops_per_step": hw_flops,
-        "tokens_per_step": gbs * md.s,
-        "num_microbatches": m,
-        "tflops_per_device": flops / step / world / 1e12,
-        "mfu_pct": 100 * flops / step / world / peak if peak else None,
-        "hfu_pct": 100 * hw_flops / step / world / peak if peak else None,
-        "bubble_pct_schedule": pipe.bubble_pct(st.schedule, lo.pp, lo.v, m),
-        "speedup_vs_one_device": speedup,
-        "amdahl_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
-        "ranks_per_node": lo.rpn,
-        "cpu_time_sharing_factor": lo.slowdown,
-        "achievable_flops_per_rank": lo.rate_eff,
-        "memory_family": st.fam,
-        "fits_in_memory": out["peak_mem_bytes"] <= hw.memory_bytes,
-        "memory_headroom_bytes": hw.memory_bytes - out["peak_mem_bytes"],
-        "device_memory_bytes": hw.memory_bytes,
-        "peak_mem_kind": "predicted_tensor_peak",  # device tensors: on CUDA comparable with max_allocated
-    })
-    # per-rank lists in rank order: rank = pp_rank*(dp*tp) + dp_rank*tp + tp_rank
-    lists: dict = {k: [] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes",
-                                   "model_states_bytes", "activations_bytes")}
-    params_list = []
-    layer_act = lo.act_seq[ckpt] * mb
-    for ri in lo.ranks:
-        acts = act.in_flight(st.schedule, lo.pp, lo.v, m, ri.r) * (
-            ri.layers * layer_act + (lo.head_seq * mb if ri.last else 0))
-        for d in range(dp):
-            p_b, g_b, o_b, x_b = ri.states[d]
-            for _ in range(tp):
-                for k, val in (("params_bytes", p_b), ("grads_bytes", g_b), ("optimizer_bytes", o_b),
-                               ("master_bytes", x_b), ("model_states_bytes", p_b + g_b + o_b + x_b),
-                               ("activations_bytes", acts)):
-                    lists[k].append(val)
-                params_list.append(ri.numel)
-    for k, xs in lists.items():
-        out[f"{k}_per_rank"] = xs
-    # The measured convention (harness/collect/aggregate.py): each memory figure is its own max over ranks,
-    # not the figures of the rank with the highest peak (pipeline stages differ in states and activations).
-    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes"):
-        out[k] = max(lists[k])
-    out["params_per_rank_list"] = params_list
-    return out
-
-
-def amdahl_speedup(serial_fraction: float, n: int) -> float:
-    """Amdahl (1967): speedup on n devices when a fraction f of the one-device time is serial."""
-    return 1.0 / (serial_fraction + (1.0 - serial_fraction) / n)
+    return details(out, lo, mb, m, ckpt) if detail else out

@@ -11,6 +11,7 @@ import importlib
 from harness import catalog
 
 
-def load(strategy_cfg):
-    module = catalog.module_of(strategy_cfg.name, strategy_cfg.engine)
+def load(run, dims):
+    """The Strategy class that runs this config."""
+    module = catalog.module_of(run.strategy.name, run.strategy.engine, dims.pp, run.model.n_experts)
     return importlib.import_module(f"harness.strategies.{module}").STRATEGY

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.collect.fidelity import within_goal
+from harness.collect.fidelity import ratios, within_goal
 
 # -- the table ----------------------------------------------------------------------------------
 COLUMNS = (("step_time_s", "step"), ("tokens_per_s", "tok/s"), ("model_states_bytes", "states"),

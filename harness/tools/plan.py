@@ -76,7 +76,8 @@ class Candidate:
 
 def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
-    from harness.costmodel.estimate import Hardware, Model, Strategy, finish, layout
+    from harness.costmodel.estimate import finish, layout
+    from harness.costmodel.inputs import Hardware, Model, Strategy
     from harness.validate import available_strategies
 
     m_cfg, hw_cfg, w = run.model, run.hardware, run.workload
@@ -161,7 +162,7 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
 
     hw = run.hardware
     gib = hw.memory_GiB
-    peak = hw.peak_tflops.get({"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[run.workload.precision])
+    peak = hw.peak_tflops.get(catalog.PEAK_KEY[run.workload.precision])
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     t = Table(title=f"{run.model.name} on {counts['gpus']} x {hw.name}, global batch {run.workload.global_batch_size} "
                     f"x {run.model.seq_len} tokens, {run.workload.precision}: top {min(k, len(cands))} by predicted "

@@ -14,7 +14,6 @@ import datetime
 import json
 import os
 import socket
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -114,7 +113,7 @@ def _run(run_dir: Path, rank: int) -> None:
 
     model = build_model(run.model, run.workload.seed)
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
-    strategy = strategies.load(run.strategy)(run, dims, mesh, device, run_dir)
+    strategy = strategies.load(run, dims)(run, dims, mesh, device, run_dir)
     strategy.setup(model)
     if run.workload.compile:  # in place, after wrapping/sharding: the strategy keeps its module
         strategy.model.compile()

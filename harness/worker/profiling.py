@@ -17,7 +17,6 @@ records every collective with its process group and sizes; on gloo it does not r
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 

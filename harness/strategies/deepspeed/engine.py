@@ -1,34 +1,15 @@
-"""deepspeed engine: every strategy with `strategy.engine=deepspeed` (ddp = ZeRO-0, zero1/2/3, pp, ep).
+"""The DeepSpeed engine, shared by the three DeepSpeed strategy modules beside it (zero.py: ddp as
+ZeRO-0 and zero1/2/3; pipeline.py: a PipelineModule, ZeRO 0/1; moe.py: DeepSpeed MoE layers). Which
+one runs a config is harness/catalog.py's `module_of` (pipeline when pp > 1, moe when the model has
+experts, zero otherwise).
 
 The harness writes the DeepSpeed config (harness/strategies/deepspeed/config.py) into the run directory and hands
 `deepspeed.initialize` the model and a client torch AdamW (same lr/betas/eps/weight_decay as every
-native strategy), so nothing is JIT-compiled. What DeepSpeed holds per rank, for N parameters at
-dp ranks, fp32 (STACK.md, measured):
-
-    stage 0: params N, grads N, Adam 2N                      grads all-reduced (ring, 2(dp-1)/dp x 4N bytes)
-    stage 1: params N, fp32 master N/dp, grads N/dp, Adam 2N/dp   grads reduced at the boundary,
-    stage 2: same as 1, grads reduce-scattered in buckets during backward   updated params all-gathered
-    stage 3: params N/dp (persistence threshold 0), master N/dp, grads N/dp, Adam 2N/dp; params
-             all-gathered before each layer's forward and backward, grads reduce-scattered
-
-The fp32 master partition exists even in fp32 runs: the ZeRO optimizer always steps a separate flat
-fp32 copy of this rank's partition and copies it back into the module's (bit16) params.
+native strategy), so nothing is JIT-compiled.
 
 One optimizer step is the base strategy's: the same micro-batches, `engine.backward` (which divides
 the loss by gradient_accumulation_steps, as the base divides by the micro-batch count) and
 `engine.step` after each (DeepSpeed steps only at its accumulation boundary).
-
-Pipeline (pp > 1, ZeRO 0/1): a DeepSpeed PipelineModule over the same model's layers
-[embedding, block 0..L-1, final norm + head], split by block count (partition "type:Block"), driven
-by `engine.train_batch` over an iterator of this rank's micro-batches (DeepSpeed's 1F1B schedule;
-activations and their gradients go point-to-point between neighbouring stages).
-
-MoE (model.n_experts > 0, ZeRO 0-2): each block's MLP becomes a `deepspeed.moe.layer.MoE` with
-ep_size = parallel.ep, built from the same weights as the single-process MoE (router -> gate.wg,
-global expert ep_rank * E/ep + i -> local expert i) and the same TopKGate settings models/moe.py
-mirrors, so losses match; expert parameters go to their own optimizer groups
-(`split_params_into_different_moe_groups_for_optimizer`) and are reduced over the expert-data
-group, tokens reach their experts by all-to-all over the ep group.
 
 Model-state bytes are captured from a step post-hook on the client optimizer during the first
 step (DeepSpeed's ZeRO optimizers call its step once per param group): at each call the group's
@@ -46,11 +27,12 @@ import torch.distributed as dist
 from harness.strategies.deepspeed import config as ds_config
 from harness.strategies.base import Strategy
 
+
 def import_deepspeed():
     """Import DeepSpeed with the ops it would JIT-compile on first use switched off.
 
     `deepspeed.initialize` builds a shared-memory comm op (~110 s compile on this CPU) that
-    training over gloo does not need; marking it incompatible skips the build (STACK.md)."""
+    training over gloo does not need; marking it incompatible skips the build (docs/notes.md)."""
     import deepspeed
     import deepspeed.ops
 
@@ -68,15 +50,9 @@ def loaded_ops() -> dict[str, str]:
 
 
 class DeepSpeedStrategy(Strategy):
-    """The DeepSpeed engine; the pipeline and MoE variants below differ in the module they build."""
+    """The DeepSpeed engine; the pipeline and MoE strategies differ in the module they build."""
 
     engine = None
-
-    def __new__(cls, run, dims, *args, **kwargs):
-        # One module executes every strategy on this engine: pick the variant the config needs.
-        if cls is DeepSpeedStrategy:
-            cls = DeepSpeedPipeline if dims.pp > 1 else DeepSpeedMoE if run.model.n_experts else cls
-        return super().__new__(cls)
 
     # -- building ----------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
@@ -249,90 +225,3 @@ class DeepSpeedStrategy(Strategy):
                     "count": count, "latency_ms_mean": sum(lats) / count,
                     "busbw_GBps_mean": sum(busbws) / count / 8}  # DeepSpeed reports Gbit/s
         return out
-
-
-class DeepSpeedMoE(DeepSpeedStrategy):
-    def build_module(self, model):
-        ep_rank = self.dims.coords(dist.get_rank())["ep"]
-        for block in model.blocks.values():
-            block.mlp = DeepSpeedMoEMLP(block.mlp, self.run.model, self.dims.ep, ep_rank).to(self.device)
-        return model
-
-    def optimizer_groups(self, model):
-        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-        return split_params_into_different_moe_groups_for_optimizer(super().optimizer_groups(model))
-
-
-class DeepSpeedMoEMLP(torch.nn.Module):
-    """A block's MLP as a DeepSpeed MoE layer, holding the same weights as the native MoE it replaces."""
-
-    def __init__(self, native, cfg, ep: int, ep_rank: int):
-        super().__init__()
-        from deepspeed.moe.layer import MoE
-
-        from models.moe import MIN_CAPACITY
-
-        drop = cfg.capacity_factor > 0  # brigade: 0 = no capacity limit = DeepSpeed's drop_tokens=False
-        self.moe = MoE(hidden_size=cfg.d_model, expert=native.experts["0"], num_experts=cfg.n_experts, ep_size=ep,
-                       k=cfg.top_k, capacity_factor=cfg.capacity_factor if drop else 1.0,
-                       eval_capacity_factor=cfg.capacity_factor if drop else 1.0, min_capacity=MIN_CAPACITY,
-                       noisy_gate_policy=None, drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False)
-        layer = self.moe.deepspeed_moe
-        with torch.no_grad():
-            layer.gate.wg.weight.copy_(native.router.weight)
-            local = layer.experts.deepspeed_experts
-            for i, expert in enumerate(local):  # DeepSpeed's layout: rank r of the ep group holds r*E/ep + i
-                expert.load_state_dict(native.experts[str(ep_rank * len(local) + i)].state_dict())
-        self.aux_loss: torch.Tensor | None = None
-
-    def forward(self, x):
-        y, self.aux_loss, _ = self.moe(x)  # aux: DeepSpeed's l_aux, summed over blocks by GPT.aux_loss
-        return y
-
-
-class DeepSpeedPipeline(DeepSpeedStrategy):
-    def build_module(self, model):
-        from deepspeed.pipe import PipelineModule
-
-        from models.gpt import loss_fn
-
-        layers = [Embedding(model), *model.blocks.values(), Head(model)]
-        full = self.run.workload.activation_checkpointing == "full"
-        return PipelineModule(layers=layers, num_stages=self.dims.pp, loss_fn=loss_fn, partition_method="type:Block",
-                              activation_checkpoint_interval=1 if full else 0)
-
-    def train_step(self, microbatches):
-        # DeepSpeed's pipeline engine pulls gradient_accumulation_steps micro-batches from the iterator:
-        # the first stage the inputs, the last the targets; it steps the optimizer once at the end.
-        self.engine.train_batch(data_iter=iter(microbatches))
-        self._close_capture()
-        if not self.engine.is_last_stage():
-            return None
-        return self.engine.dp_group_loss  # this replica's mean over its micro-batches (before the dp average)
-
-
-class Embedding(torch.nn.Module):
-    """The first pipeline layer: token + position embeddings of the GPT (the same modules, so the same weights)."""
-
-    def __init__(self, gpt):
-        super().__init__()
-        self.tok_emb, self.pos_emb, self.drop = gpt.tok_emb, gpt.pos_emb, gpt.drop
-
-    def forward(self, tokens):
-        pos = torch.arange(tokens.size(1), device=tokens.device)
-        return self.drop(self.tok_emb(tokens) + self.pos_emb(pos))
-
-
-class Head(torch.nn.Module):
-    """The last pipeline layer: final LayerNorm and the (untied) output projection."""
-
-    def __init__(self, gpt):
-        super().__init__()
-        self.ln_f, self.head = gpt.ln_f, gpt.head
-
-    def forward(self, x):
-        return self.head(self.ln_f(x))
-
-
-STRATEGY = DeepSpeedStrategy

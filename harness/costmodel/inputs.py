@@ -1,0 +1,108 @@
+"""The cost model's inputs: a config's model, hardware and strategy reduced to plain numbers (SI units)
+once, so the planner's inner loop reads attributes instead of config objects."""
+from __future__ import annotations
+
+from harness.costmodel import comm
+from harness.costmodel import memory as mem
+from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
+                                     layer_forward_flops_per_token)
+from harness.costmodel.params import params_total
+
+
+class Model:
+    """A model config reduced to numbers, with per-token FLOPs precomputed."""
+    __slots__ = ("cfg", "shape", "L", "h", "a", "d_ff", "V", "s", "E", "k", "params_total",
+                 "layer_flops", "core_flops", "head_flops")
+
+    @classmethod
+    def of(cls, m) -> "Model":
+        self = cls()
+        self.cfg = m
+        self.L, self.h, self.a, self.d_ff, self.V, self.s = (m.n_layers, m.d_model, m.n_heads, m.d_ff,
+                                                             m.vocab_size, m.seq_len)
+        self.E, self.k = m.n_experts, m.top_k
+        self.shape = (self.L, self.h, self.a, self.d_ff, self.V, self.s, self.E, self.k)
+        self.params_total = params_total(m)
+        self.layer_flops = layer_forward_flops_per_token(m)
+        self.core_flops = attention_core_flops_per_token(m)
+        self.head_flops = head_forward_flops_per_token(m)
+        return self
+
+
+class Hardware:
+    """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
+    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
+                 "collectives", "mem_bw")
+
+    @classmethod
+    def of(cls, hw) -> "Hardware":
+        self = cls()
+        self.name, self.device, self.devices_per_node = hw.name, hw.device, hw.devices_per_node
+        self.memory_bytes = hw.memory_GiB * 1024**3
+        self.peak = {k: v * 1e12 for k, v in dict(hw.peak_tflops).items()}
+        self.rate = {**self.peak, **{k: v * 1e12 for k, v in dict(hw.achievable_tflops).items()}}
+        self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
+        self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
+        self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
+        self.collectives = {}
+        for name, by_n in dict(hw.collectives or {}).items():
+            if not isinstance(by_n, dict) and not hasattr(by_n, "items"):
+                continue
+            table = {}
+            for n, fig in dict(by_n).items():
+                if str(n).isdigit() and fig.get("bus_bw_GBps"):
+                    table[int(n)] = comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9)
+            if table:
+                self.collectives[name] = table
+        return self
+
+
+class Strategy:
+    """The strategy knobs the cost model reads."""
+    __slots__ = ("name", "engine", "fam", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
+                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp", "autocast")
+
+    @classmethod
+    def of(cls, s) -> "Strategy":
+        self = cls()
+        self.name, self.engine, self.zero_stage = s.name, s.engine, s.zero_stage
+        self.fam = mem.family(s)
+        self.schedule = s.schedule
+        self.sp = bool(s.sequence_parallel)
+        self.reshard_after_forward = bool(s.reshard_after_forward)
+        self.bucket_bytes = s.bucket_cap_mb * 1024**2
+        self.comm_hook, self.powersgd_rank = s.comm_hook, s.powersgd_rank
+        # DeepSpeed: None means DeepSpeed's own default, which overlaps at stage 3 only
+        ds_overlap = s.ds.overlap_comm if s.ds.overlap_comm is not None else s.zero_stage == 3
+        self.overlap_comm = bool(ds_overlap) if s.engine == "deepspeed" else True
+        # (stage, persistence threshold, offload): memory.deepspeed leaves offloaded states out
+        self.ds_knobs = ((s.zero_stage, s.ds.stage3_param_persistence_threshold, s.offload)
+                         if s.engine == "deepspeed" else ())
+        self.ds_buckets = ((s.ds.reduce_bucket_size, s.ds.stage3_prefetch_bucket_size, s.ds.stage3_max_live_parameters)
+                           if s.engine == "deepspeed" else None)
+        # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
+        self.uses_ddp = self.fam in ("replicated", "zero1_torch") and s.engine == "torch"
+        # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
+        # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
+        self.autocast = self.fam not in ("sharded", "deepspeed")
+        return self
+
+
+def ranks_per_node(hw: Hardware, world: int, nodes: int) -> int:
+    """Ranks sharing a node. CPU ranks time-share a node's cores; a GPU node holds at most
+    devices_per_node ranks, so a larger world spans at least world / devices_per_node nodes."""
+    nodes = max(1, nodes)
+    if hw.device != "cpu":
+        nodes = max(nodes, -(-world // hw.devices_per_node))
+    return max(1, -(-world // nodes))
+
+
+def ideal_stage(st: "Strategy") -> int:
+    """The ZeRO stage whose ideal memory this engine approximates."""
+    if st.fam == "replicated":
+        return 0
+    if st.fam == "zero1_torch":
+        return 1
+    if st.fam == "sharded":
+        return st.zero_stage if st.zero_stage >= 2 else 3
+    return st.zero_stage

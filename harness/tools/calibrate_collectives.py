@@ -1,0 +1,155 @@
+"""Collective bus bandwidth and latency on this machine (part of `python -m harness.calibrate`):
+the worker that torchrun starts on every rank (`python -m harness.tools.calibrate_collectives OUT
+SIZES BUDGET PROGRESS`), and the parent side that launches it and fits t(S) = alpha + factor * S / B
+(see harness/tools/calibrate.py for what is measured and why).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness.config import CONF_DIR
+
+REPO = CONF_DIR.parent
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+          "send_recv": lambda n: 1.0}
+
+
+def _buffers(coll: str, size: int, n: int, torch):
+    """(callable, bytes as nccl-tests counts them) for one message size."""
+    import torch.distributed as dist
+
+    elems = max(1, size // 4)
+    if coll in ("all_gather", "reduce_scatter", "all_to_all"):
+        elems = max(n, elems // n * n)  # divisible into n equal chunks
+    rank = dist.get_rank()
+    if coll == "all_reduce":
+        x = torch.ones(elems)
+        return (lambda: dist.all_reduce(x)), 4 * elems
+    if coll == "all_gather":  # S = the gathered output
+        out, inp = torch.empty(elems), torch.ones(elems // n)
+        return (lambda: dist.all_gather_into_tensor(out, inp)), 4 * elems
+    if coll == "reduce_scatter":  # S = the input
+        out, inp = torch.empty(elems // n), torch.ones(elems)
+        return (lambda: dist.reduce_scatter_tensor(out, inp)), 4 * elems
+    if coll == "all_to_all":  # S = one rank's buffer
+        out, inp = torch.empty(elems), torch.ones(elems)
+        return (lambda: dist.all_to_all_single(out, inp)), 4 * elems
+    send, recv = torch.ones(elems), torch.empty(elems)
+
+    def ring():
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n),
+                                       dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
+        for r in reqs:
+            r.wait()
+    return ring, 4 * elems
+
+
+def _slowest(t: float, torch) -> float:
+    import torch.distributed as dist
+
+    x = torch.tensor([t], dtype=torch.float64)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return float(x.item())
+
+
+def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    results: dict = {}
+    done, total = 0, len(COLLECTIVES) * len(sizes)
+    for coll in COLLECTIVES:
+        for size in sizes:
+            fn, nbytes = _buffers(coll, size, n, torch)
+            fn()  # warm-up (connection set-up, allocation)
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            first = _slowest(time.perf_counter() - t0, torch)
+            iters = int(min(50, max(2, budget_s / max(first, 1e-6))))  # the same count on every rank
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            t = _slowest((time.perf_counter() - t0) / iters, torch)
+            results.setdefault(coll, []).append({"bytes": nbytes, "time_s": t, "iters": iters})
+            done += 1
+            if rank == 0:
+                Path(progress_path).write_text(f"{done} {total}")
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"world_size": n, "results": results}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Fit t = α + x / B to (x = factor * bytes, t seconds), least squares in relative error:
+    minimise Σ ((α + x_i β - t_i) / t_i)^2 over α >= 0 and β = 1/B > 0. Returns (α s, B bytes/s)."""
+    w = [1.0 / t**2 for _, t in points]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, points))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, points))
+    st = sum(wi * t for wi, (_, t) in zip(w, points))
+    sxt = sum(wi * x * t for wi, (x, t) in zip(w, points))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        x, t = max(points)
+        return 0.0, x / t
+    alpha = (sxx * st - sx * sxt) / det
+    beta = (sw * sxt - sx * st) / det
+    if alpha < 0 or beta <= 0:  # refit the constrained edge: α = 0 (β from the weighted ratio)
+        alpha = max(alpha, 0.0)
+        beta = max(sum(wi * x * (t - alpha) for wi, (x, t) in zip(w, points)) / sxx, 1e-15)
+    return alpha, 1.0 / beta
+
+
+def run_collectives(n: int, sizes, budget_s: float, on_poll) -> dict:
+    """Start the worker on n ranks with torchrun; return its results."""
+    with tempfile.TemporaryDirectory(prefix="brigade-calibrate-") as tmp:
+        out, progress = Path(tmp) / "out.json", Path(tmp) / "progress"
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                "-m", "harness.tools.calibrate_collectives", str(out), ",".join(map(str, sizes)), str(budget_s), str(progress)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                start_new_session=True)
+        t0 = time.monotonic()
+        while proc.poll() is None:
+            try:
+                done, total = map(int, progress.read_text().split())  # may be mid-write: skip then
+                on_poll(done, total)
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() - t0 > 600:
+                proc.kill()
+                raise RuntimeError(f"collective calibration at {n} ranks took over 600 s")
+            time.sleep(0.2)
+        log = proc.stdout.read().decode(errors="replace")
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"torchrun at {n} ranks failed (exit {proc.returncode}):\n{log[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def summarise(coll: str, n: int, rows: list[dict]) -> dict:
+    f = FACTOR[coll](n)
+    alpha, bw = fit_alpha_beta([(f * r["bytes"], r["time_s"]) for r in rows])
+    return {"bus_bw_GBps": round(bw / 1e9, 4), "latency_us": round(alpha * 1e6, 1),
+            "busbw_GBps_by_bytes": {str(r["bytes"]): round(f * r["bytes"] / r["time_s"] / 1e9, 4) for r in rows},
+            "time_us_by_bytes": {str(r["bytes"]): round(r["time_s"] * 1e6, 1) for r in rows}}
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], [int(x) for x in sys.argv[2].split(",")], float(sys.argv[3]), sys.argv[4])

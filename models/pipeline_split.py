@@ -12,8 +12,8 @@ so every stage boundary carries one (B, T, h) activation tensor. The embeddings 
 counted in the layer split (the head of a large-vocabulary model makes the last stage the heaviest:
 see the per-rank model-state bytes of a pp run). With S == 1 the one stage is the whole model.
 
-Stage index != pipeline rank: a schedule places stage s on a rank (`stage_ranks` in
-harness/strategies/pp.py); this module only says what each stage index holds.
+Stage index != pipeline rank: a schedule places stage s on a rank (`stages_of_rank` in
+harness/catalog.py); this module only says what each stage index holds.
 """
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def test_fsdp_shards_by_torch_chunk():
 
 
 def test_deepspeed_holds_an_fp32_master_partition():
-    """STACK.md: ZeRO-1 at world 2 in fp32 keeps params whole, master/grads half, Adam half."""
+    """docs/notes.md#deepspeed-master: ZeRO-1 at world 2 in fp32 keeps params whole, master/grads half, Adam half."""
     p = predicted("model=tiny", "strategy=zero1", "strategy.engine=deepspeed", "parallel.dp=2")
     n = p["params_total"]
     assert p["params_bytes"] == 4 * n

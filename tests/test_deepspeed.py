@@ -51,7 +51,7 @@ def generated_config(rec: dict) -> dict:
 
 def expected_states(n4: int, stage: int) -> dict[str, int]:
     """What DeepSpeed holds per rank at dp=2 in fp32 for a model of n4 = 4N parameter bytes
-    (tiny: every tensor has an even size, so no partition padding): shared/STACK.md's layout."""
+    (tiny: every tensor has an even size, so no partition padding): docs/notes.md#deepspeed-master."""
     half = n4 // 2
     return {0: {"params_bytes": n4, "master_bytes": 0, "grads_bytes": n4},
             1: {"params_bytes": n4, "master_bytes": half, "grads_bytes": half},

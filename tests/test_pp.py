@@ -24,7 +24,7 @@ V_SHAPED = ("zbv_zero_bubble", "dualpipev")
 
 
 def rank_stages(schedule: str, pp: int, vpp: int) -> list[list[int]]:
-    """Stages per pp rank: looped r + i*pp, V-shaped [r, 2pp-1-r] (what STACK.md found to work)."""
+    """Stages per pp rank: looped r + i*pp, V-shaped [r, 2pp-1-r] (docs/notes.md#pipeline-placement, stated here independently of the catalog)."""
     if schedule in V_SHAPED:
         return [[r, 2 * pp - 1 - r] for r in range(pp)]
     return [[r + i * pp for i in range(vpp)] for r in range(pp)]

@@ -27,7 +27,7 @@ E = b*s*h activation elements, L_r = layers on the rank):
         per stage boundary a rank owns.
     ep  all-to-all of the routed tokens b*s*top_k*h twice in forward (dispatch, combine) and twice
         in backward, per MoE layer per micro-batch.
-On gloo (CPU) a reduce-scatter runs as an all-reduce (shared/STACK.md): the calibrated
+On gloo (CPU) a reduce-scatter runs as an all-reduce (docs/notes.md#gloo-reduce-scatter): the calibrated
 reduce_scatter bus bandwidth already carries that cost, the volumes keep the algorithmic definition.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ Time (per optimizer step, on the slowest rank):
                FSDP all-gathers: prefetched behind compute, except the first block of each pass;
                ZeRO-1 parameter sync, TP all-reduces, EP all-to-alls: not overlapped;
                PP sends: hidden in the steady state, exposed on the fill/drain chain (2(p-1) sends);
-               on CPU nothing hides (gloo's threads need the cores the compute uses: shared/STACK.md
+               on CPU nothing hides (gloo's threads need the cores the compute uses: docs/notes.md#cpu-overlap
                measured 23 % exposed by A/B where the trace said 8 %), so exposed = comm there.
     step     = compute + bubble + exposed;  efficiency η = compute / step
 On CPU one device is one core (launch/local.py: one thread per rank); when a node runs more ranks

@@ -35,7 +35,7 @@ def run_id(config: dict) -> str:
     from harness.config import NON_SEMANTIC_KEYS
 
     defaults = _schema_defaults()
-    semantic = {k: v for k, v in _flatten(config).items()
+    semantic = {k: v for k, v in flatten(config).items()
                 if k.split(".")[0] not in NON_SEMANTIC_KEYS and defaults.get(k, _ABSENT) != v}
     return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -43,11 +43,12 @@ def run_id(config: dict) -> str:
 _ABSENT = object()
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1} (an empty dict stays a value)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -59,7 +60,7 @@ def _schema_defaults() -> dict:
 
     from harness.config import RunConfig
 
-    return _flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig), throw_on_missing=False))
+    return flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig), throw_on_missing=False))
 
 
 def records_path(results_dir: str | Path, study: str) -> Path:

@@ -5,17 +5,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.report.fmt import nbytes
+
 STATUS_STYLE = {"ok": "green", "invalid": "yellow", "failed": "red", "timeout": "red", "oom": "magenta"}
-
-
-def human_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def degrees(dims: dict) -> str:
@@ -42,7 +34,7 @@ def results_table(records: list[dict], title: str) -> Table:
         t.add_row(strategy_label(r), degrees(r.get("dims") or {}), _fmt(batch, "{}"),
                   _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
                   _fmt(m.get("tokens_per_s"), "{:.0f}"), _fmt(m.get("mfu_pct"), "{:.1f}"),
-                  human_bytes(m.get("model_states_bytes")), human_bytes(p.get("model_states_bytes")),
+                  nbytes(m.get("model_states_bytes"), "-"), nbytes(p.get("model_states_bytes"), "-"),
                   f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]{note}")
     return t
 

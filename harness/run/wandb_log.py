@@ -10,20 +10,11 @@ import os
 import re
 from pathlib import Path
 
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+from harness.run.record import flatten
 
 
 def _scalars(d: dict) -> dict:
-    return {k: v for k, v in _flatten(d).items() if isinstance(v, (int, float, str, bool)) or v is None}
+    return {k: v for k, v in flatten(d).items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
 def wandb_env(run_dir: Path, mode: str) -> dict[str, str]:
@@ -57,7 +48,7 @@ def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> bool:
         import wandb
 
         run = wandb.init(project=ident["project"], entity=logger_cfg.entity, group=ident["group"], id=ident["id"],
-                         job_type=job_type, name=ident["name"], config=_flatten(record.get("config") or {}),
+                         job_type=job_type, name=ident["name"], config=flatten(record.get("config") or {}),
                          dir=str(run_dir), reinit="finish_previous",
                          settings=wandb.Settings(console="off", x_disable_stats=True))
         m = record.get("measured") or {}

@@ -14,7 +14,7 @@ its parameter bytes and N the dp degree:
     step    : local AdamW on the 1/N shard, no communication
 So ZeRO-3 moves 3(N-1)/N * P per step against DDP's 2(N-1)/N * P (all-reduce), and holds 1/N.
 The root is never resharded after forward (FSDP's default for the root: it would be gathered again
-at once by backward). On gloo the reduce-scatter runs as an all-reduce (STACK.md).
+at once by backward). On gloo the reduce-scatter runs as an all-reduce (docs/notes.md#gloo-reduce-scatter).
 
 reshard_after_forward=false keeps every block's gathered params from its forward to its backward
 (one all-gather fewer per step; full params held during the step, sharded at rest): `zero2` on

@@ -70,7 +70,7 @@ class Mesh3D(PipelineStrategy):
 
     def foreach(self):
         # TP leaves some parameters plain (LayerNorms, pos_emb) beside DTensor shards: one foreach
-        # kernel cannot mix them (STACK.md)
+        # kernel cannot mix them (docs/notes.md#dtensor-foreach)
         return False if self.dims.tp > 1 else None
 
 

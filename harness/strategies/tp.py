@@ -11,7 +11,7 @@ cross-entropy is reduced across ranks (a max and a sum-exp all-reduce of (B, T) 
 of all-gathering (B, T, V) logits; its loss is a replicated DTensor, turned into a plain tensor here.
 
 Optimizer: AdamW with foreach=False, because replicated parameters that the plan leaves plain
-(pos_emb, LayerNorms without SP) and DTensor shards cannot be mixed in one foreach kernel (STACK.md).
+(pos_emb, LayerNorms without SP) and DTensor shards cannot be mixed in one foreach kernel (docs/notes.md#dtensor-foreach).
 """
 from __future__ import annotations
 

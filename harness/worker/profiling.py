@@ -10,7 +10,7 @@
               process-group table, so harness/collect/trace_analysis.py can attribute every collective to
               an axis and count its bytes
 
-The profiler slows steps 1.3-3x on CPU (shared/STACK.md): nothing here is ever inside the timed steps.
+The profiler slows steps 1.3-3x on CPU (docs/notes.md#profiler-cost): nothing here is ever inside the timed steps.
 The c10d flight recorder (TORCH_FR_BUFFER_SIZE, set by the worker before the process group exists)
 records every collective with its process group and sizes; on gloo it does not record send/recv.
 """

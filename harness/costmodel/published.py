@@ -1,0 +1,202 @@
+"""`python -m harness.costmodel.published`: the cost model against published, measured GPU runs.
+
+    python -m harness.costmodel.published                  # every row, then the summaries
+    python -m harness.costmodel.published --half held_out  # one half only
+    python -m harness.costmodel.published --json           # one JSON object per row
+
+Reads docs/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
+every row into a brigade config (the same RunConfig `harness.predict` composes, through Hydra, with
+the row's model shape, degrees, batch, precision, checkpointing and strategy), predicts it, and
+prints published vs predicted tokens/s per GPU with the ratio predicted / published. The summary
+gives, per half (fitting, held_out) and per source: median |error|, p90 |error|, the worst row, the
+geometric mean ratio, and how many runs that ran are predicted not to fit in device memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
+SHARDING = {"FULL_SHARD": "zero3", "SHARD_GRAD_OP": "zero2"}  # llm-foundry's FSDP modes -> brigade strategies
+
+
+def load(path: Path = DATA) -> tuple[dict, list[dict]]:
+    """(models, rows): each row a dict of its source's defaults, its columns and source facts."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    rows = []
+    for key, src in doc["sources"].items():
+        for i, values in enumerate(src["rows"]):
+            row = {**src.get("defaults", {}), **dict(zip(src["columns"], values))}
+            row.update(source=key, index=i, half=src["half"], hardware=src["hardware"], metric=src["metric"],
+                       precision=src["precision"], cite=src["cite"])
+            rows.append(row)
+    return doc["models"], rows
+
+
+def published_tokens_per_s_per_gpu(row: dict, model: dict) -> float:
+    """The row's published figure as tokens/s per GPU, under the source's own convention."""
+    s, gbs, gpus = row["seq_len"], row["global_batch"], row["gpus"]
+    if row["metric"] == "tokens_per_s_per_gpu":
+        return float(row["published"])
+    if row["metric"] == "step_time_s":
+        return gbs * s / row["published"] / gpus
+    if row["metric"] == "tflops_per_gpu":  # Narayanan et al. 2021 eq. 3 (counts the recompute forward)
+        l, h, V = model["n_layers"], model["d_model"], model["vocab_size"]
+        flops = 96 * gbs * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+        return row["published"] * 1e12 * gbs * s / flops
+    raise ValueError(f"unknown metric {row['metric']!r} in {row['source']} row {row['index']}")
+
+
+def strategy_overrides(row: dict) -> list[str]:
+    """The brigade strategy that runs this row's layout."""
+    if "sharding" in row:  # llm-foundry FSDP: Composer reduce-scatters every micro-batch
+        return [f"strategy={SHARDING[row['sharding']]}", "strategy.fsdp_accumulate=sharded"]
+    if row.get("strategy") == "ds_zero3":  # DeepSpeed's own defaults, not brigade's CPU-sized buckets
+        return ["strategy=zero3", "strategy.engine=deepspeed", "strategy.ds.reduce_bucket_size=500000000",
+                "strategy.ds.stage3_param_persistence_threshold=100000"]
+    if row["tp"] == 1 and row["pp"] == 1:
+        return ["strategy=ddp"]
+    return ["strategy=3d", f"strategy.dp_shard={row['dp_shard']}", f"strategy.schedule={row['schedule']}",
+            f"strategy.sequence_parallel={str(bool(row.get('sequence_parallel', False))).lower()}"]
+
+
+def overrides(row: dict, model: dict) -> list[str]:
+    tp, pp = row["tp"], row["pp"]
+    dp = row["gpus"] // (tp * pp)
+    out = [f"hardware={row['hardware']}", "model=gpt_7b", f"model.name={row['model']}",
+           f"model.n_layers={model['n_layers']}", f"model.d_model={model['d_model']}",
+           f"model.n_heads={model['n_heads']}", f"model.d_ff={4 * model['d_model']}",
+           f"model.vocab_size={model['vocab_size']}", f"model.seq_len={row['seq_len']}",
+           f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
+           f"workload.global_batch_size={row['global_batch']}",
+           f"workload.micro_batch_size={row['micro_batch_size']}", f"workload.precision={row['precision']}",
+           f"workload.activation_checkpointing={row['activation_checkpointing']}", "logger=none"]
+    return out + strategy_overrides(row)
+
+
+def predict_row(row: dict, model: dict, compose) -> dict:
+    """Published and predicted figures for one row (compose: overrides -> RunConfig)."""
+    from harness.costmodel import predict
+    from harness.validate import validate
+
+    run = compose(overrides(row, model))
+    pred = predict(run, validate(run))
+    published = published_tokens_per_s_per_gpu(row, model)
+    predicted = pred["tokens_per_s_per_device"]
+    return {"source": row["source"], "index": row["index"], "half": row["half"], "model": row["model"],
+            "layout": layout_label(row), "published_tokens_per_s_per_gpu": published,
+            "predicted_tokens_per_s_per_gpu": predicted, "ratio": predicted / published,
+            "predicted_peak_mem_GiB": pred["peak_mem_bytes"] / 1024**3,
+            "device_memory_GiB": pred["device_memory_bytes"] / 1024**3,
+            "fits_in_memory": pred["fits_in_memory"], "predicted_mfu_pct": pred["mfu_pct"]}
+
+
+def layout_label(row: dict) -> str:
+    tp, pp = row["tp"], row["pp"]
+    dp = row["gpus"] // (tp * pp)
+    strat = row.get("sharding") or row.get("strategy") or ("3d" if tp * pp > 1 else "ddp")
+    sp = " sp" if row.get("sequence_parallel") else ""
+    return (f"{strat} dp{dp} tp{tp} pp{pp}{sp} s{row['seq_len']} mb{row['micro_batch_size']} "
+            f"gbs{row['global_batch']} {row['activation_checkpointing']}")
+
+
+def caching_compose():
+    """compose_run per distinct (hardware, strategy) once; the rest of a row is replaced in place."""
+    from harness.predict import compose_run
+
+    cache: dict = {}
+
+    def compose(ovr: list[str]):
+        fixed = [o for o in ovr if o.startswith(("hardware=", "strategy"))]
+        key = tuple(fixed)
+        if key not in cache:
+            cache[key] = compose_run(fixed + ["model=gpt_7b", "logger=none"])
+        run = cache[key]
+        vals = dict(o.split("=", 1) for o in ovr if not o.startswith(("hardware=", "strategy", "model=", "logger=")))
+        m = replace(run.model, **{k[6:]: _typed(getattr(run.model, k[6:]), v) for k, v in vals.items()
+                                  if k.startswith("model.")})
+        p = replace(run.parallel, **{k[9:]: int(v) for k, v in vals.items() if k.startswith("parallel.")})
+        w = replace(run.workload, **{k[9:]: _typed(getattr(run.workload, k[9:]), v) for k, v in vals.items()
+                                     if k.startswith("workload.")})
+        return replace(run, model=m, parallel=p, workload=w)
+    return compose
+
+
+def _typed(current, value: str):
+    return type(current)(value) if current is not None and not isinstance(current, str) else value
+
+
+def summarise(results: list[dict]) -> dict:
+    """Median / p90 / worst |error| of throughput and the out-of-memory count, per group."""
+    errs = sorted(abs(r["ratio"] - 1) for r in results)
+    worst = max(results, key=lambda r: abs(r["ratio"] - 1))
+    return {"n": len(results), "median_abs_err_pct": 100 * _quantile(errs, 0.5),
+            "p90_abs_err_pct": 100 * _quantile(errs, 0.9), "worst_err_pct": 100 * (worst["ratio"] - 1),
+            "worst": f"{worst['source']}#{worst['index']} {worst['model']}",
+            "geomean_ratio": math.exp(sum(math.log(r["ratio"]) for r in results) / len(results)),
+            "within_15_pct": sum(abs(r["ratio"] - 1) <= 0.15 for r in results),
+            "predicted_oom": sum(not r["fits_in_memory"] for r in results)}
+
+
+def _quantile(sorted_xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    pos = q * (len(sorted_xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def run_all(half: str | None = None, source: str | None = None) -> list[dict]:
+    models, rows = load()
+    compose = caching_compose()
+    return [predict_row(r, models[r["model"]], compose) for r in rows
+            if (half is None or r["half"] == half) and (source is None or r["source"] == source)]
+
+
+def print_report(results: list[dict]) -> None:
+    print(f"{'source':<18} {'model':<9} {'layout':<46} {'published':>10} {'predicted':>10} {'ratio':>6} "
+          f"{'mem GiB':>9}")
+    for r in results:
+        oom = " OOM" if not r["fits_in_memory"] else ""
+        print(f"{r['source']:<18} {r['model']:<9} {r['layout']:<46} {r['published_tokens_per_s_per_gpu']:>10.0f} "
+              f"{r['predicted_tokens_per_s_per_gpu']:>10.0f} {r['ratio']:>6.2f} "
+              f"{r['predicted_peak_mem_GiB']:>5.0f}/{r['device_memory_GiB']:.0f}{oom}")
+    print("\nthroughput (tokens/s per GPU), error = predicted / published - 1")
+    print(f"{'group':<20} {'n':>4} {'median|err|%':>13} {'p90|err|%':>10} {'worst%':>8} {'geomean':>8} "
+          f"{'<=15%':>6} {'OOM':>4}  worst row")
+    groups = [(h, [r for r in results if r["half"] == h]) for h in ("fitting", "held_out")]
+    groups += [(s, [r for r in results if r["source"] == s]) for s in dict.fromkeys(r["source"] for r in results)]
+    for name, rs in groups:
+        if rs:
+            s = summarise(rs)
+            print(f"{name:<20} {s['n']:>4} {s['median_abs_err_pct']:>13.1f} {s['p90_abs_err_pct']:>10.1f} "
+                  f"{s['worst_err_pct']:>+8.1f} {s['geomean_ratio']:>8.2f} {s['within_15_pct']:>6} "
+                  f"{s['predicted_oom']:>4}  {s['worst']}")
+    print("memory: no source here publishes per-GPU memory; OOM counts runs that ran but are predicted not to fit")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.costmodel.published", description=__doc__.split("\n\n")[0])
+    p.add_argument("--half", choices=("fitting", "held_out"))
+    p.add_argument("--source")
+    p.add_argument("--json", action="store_true", help="one JSON object per row, then the summaries")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    results = run_all(args.half, args.source)
+    if args.json:
+        for r in results:
+            print(json.dumps(r))
+        print(json.dumps({h: summarise([r for r in results if r["half"] == h])
+                          for h in ("fitting", "held_out") if any(r["half"] == h for r in results)}))
+    else:
+        print_report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

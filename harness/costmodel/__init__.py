@@ -12,7 +12,13 @@ anywhere. One formula per function, each citing its source:
     pipeline.py     bubble (GPipe / 1F1B / interleaved / zero-bubble), by the catalog's bubble kind
     schedule.py     the pipeline schedule simulator (the Gantt chart a schedule predicts)
     inputs.py       model, hardware and strategy reduced to numbers once
-    estimate.py     time, overlap and the assembled prediction; details.py the figures only predict adds
+    layout.py       placement, per-rank model states, per-token costs and links of one parallel layout
+    dp_comm.py      the dp axis' collectives per engine and accumulation mode, and how each overlaps
+    compute.py      one micro-batch's time: GEMMs by shape, attention, element-wise work
+    step_time.py    compute, bubble, comm per axis and the exposed part of it
+    memory_peak.py  the worst rank's peak memory
+    estimate.py     the assembled prediction; details.py the figures only predict adds
+    published.py    the cost model against published GPU runs (docs/published_runs.yaml)
 
 What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.
 

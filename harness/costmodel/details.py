@@ -3,68 +3,68 @@ from __future__ import annotations
 
 from harness.costmodel import activations as act
 from harness.costmodel import pipeline as pipe
-from harness.catalog import PEAK_KEY
+
+MODEL_STATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
 
 
 def details(out: dict, lo, mb: int, m: int, ckpt: str) -> dict:
-    """The figures only `predict` reports: FLOPs, rates, per-rank lists, Amdahl."""
+    """out + FLOPs, rates, per-rank lists; each memory figure its own max over ranks, as measured
+    (harness/collect/aggregate.py): pipeline stages differ in states and activations."""
+    out.update(rates_and_utilisation(out, lo, mb, m, ckpt))
+    out.update(per_rank_lists(lo, mb, m, ckpt))
+    for k in MODEL_STATE_KEYS:
+        out[k] = max(out[f"{k}_per_rank"])
+    return out
+
+
+def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
+    """The figures only `predict` reports: FLOPs, rates, MFU, Amdahl, memory verdict."""
     from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
 
-    md, hw, st = lo.md, lo.hw, lo.st
-    dp, tp, world = lo.dp, lo.tp, lo.world
-    gbs = mb * m * dp
+    md, hw, pl = lo.model, lo.hw, lo.place
+    gbs = mb * m * pl.dp
     flops = model_flops_per_step(md.cfg, gbs)
     hw_flops = hardware_flops_per_step(md.cfg, gbs, ckpt)
-    step = out["step_time_s"]
-    pkey = PEAK_KEY[lo.precision]
-    peak = hw.peak.get(pkey)
-    one_device_s = hw_flops / (hw.rate.get(pkey) or hw.rate["fp32"])
-    speedup = one_device_s / step
-    out.update({
-        "params_total": md.params_total,
-        "params_per_rank": lo.psi_rank,
-        "model_flops_per_step": flops,
-        "hardware_flops_per_step": hw_flops,
-        "tokens_per_step": gbs * md.s,
-        "num_microbatches": m,
+    step, world = out["step_time_s"], pl.world
+    peak = hw.peak.get(lo.dtype)
+    speedup = hw_flops / (hw.rate.get(lo.dtype) or hw.rate["fp32"]) / step
+    return {
+        "params_total": md.params_total, "params_per_rank": lo.params_per_rank,
+        "model_flops_per_step": flops, "hardware_flops_per_step": hw_flops,
+        "tokens_per_step": gbs * md.s, "num_microbatches": m,
         "tflops_per_device": flops / step / world / 1e12,
         "mfu_pct": 100 * flops / step / world / peak if peak else None,
         "hfu_pct": 100 * hw_flops / step / world / peak if peak else None,
-        "bubble_pct_schedule": pipe.bubble_pct(st.schedule, lo.pp, lo.v, m),
+        "bubble_pct_schedule": pipe.bubble_pct(lo.strategy.schedule, pl.pp, pl.vpp, m),
         "speedup_vs_one_device": speedup,
         "amdahl_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
-        "ranks_per_node": lo.rpn,
-        "cpu_time_sharing_factor": lo.slowdown,
-        "achievable_flops_per_rank": lo.rate_eff,
-        "memory_family": st.fam,
+        "ranks_per_node": pl.ranks_per_node, "cpu_time_sharing_factor": pl.slowdown,
+        "achievable_flops_per_rank": lo.matmul_rate,
+        "memory_family": lo.strategy.family,
         "fits_in_memory": out["peak_mem_bytes"] <= hw.memory_bytes,
         "memory_headroom_bytes": hw.memory_bytes - out["peak_mem_bytes"],
         "device_memory_bytes": hw.memory_bytes,
         "peak_mem_kind": "predicted_tensor_peak",  # device tensors: on CUDA comparable with max_allocated
-    })
-    # per-rank lists in rank order: rank = pp_rank*(dp*tp) + dp_rank*tp + tp_rank
-    lists: dict = {k: [] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes",
-                                   "model_states_bytes", "activations_bytes")}
-    params_list = []
-    layer_act = lo.act_seq[ckpt] * mb
-    for ri in lo.ranks:
-        acts = act.in_flight(st.schedule, lo.pp, lo.v, m, ri.r) * (
-            ri.layers * layer_act + (lo.head_seq * mb if ri.last else 0))
-        for d in range(dp):
-            p_b, g_b, o_b, x_b = ri.states[d]
-            for _ in range(tp):
-                for k, val in (("params_bytes", p_b), ("grads_bytes", g_b), ("optimizer_bytes", o_b),
-                               ("master_bytes", x_b), ("model_states_bytes", p_b + g_b + o_b + x_b),
-                               ("activations_bytes", acts)):
+    }
+
+
+def per_rank_lists(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
+    """Per-rank lists in rank order: rank = pp_rank*(dp*tp) + dp_rank*tp + tp_rank."""
+    keys = (*MODEL_STATE_KEYS[:4], "model_states_bytes", "activations_bytes")
+    lists: dict = {k: [] for k in keys}
+    params = []
+    layer_act = lo.per_token.layer_activation_bytes[ckpt] * mb
+    pl = lo.place
+    for rank in lo.ranks:
+        acts = act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) * (
+            rank.layers * layer_act + (lo.per_token.head_activation_bytes * mb if rank.last else 0))
+        for p_b, g_b, o_b, x_b in rank.states:
+            for _ in range(pl.tp):
+                for k, val in zip(keys, (p_b, g_b, o_b, x_b, p_b + g_b + o_b + x_b, acts)):
                     lists[k].append(val)
-                params_list.append(ri.numel)
-    for k, xs in lists.items():
-        out[f"{k}_per_rank"] = xs
-    # The measured convention (harness/collect/aggregate.py): each memory figure is its own max over ranks,
-    # not the figures of the rank with the highest peak (pipeline stages differ in states and activations).
-    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes"):
-        out[k] = max(lists[k])
-    out["params_per_rank_list"] = params_list
+                params.append(rank.numel)
+    out = {f"{k}_per_rank": xs for k, xs in lists.items()}
+    out["params_per_rank_list"] = params
     return out
 
 

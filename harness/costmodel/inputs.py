@@ -1,8 +1,10 @@
-"""The cost model's inputs: a config's model, hardware and strategy reduced to plain numbers (SI units)
-once, so the planner's inner loop reads attributes instead of config objects."""
+"""The cost model's inputs, reduced once to plain numbers: the model shape, the hardware profile in SI
+units, and the strategy knobs the formulas read. The planner builds each once and reuses it for
+thousands of layouts, so nothing here depends on degrees or batch sizes."""
 from __future__ import annotations
 
 from harness.costmodel import comm
+from harness.costmodel.compute import GemmCurve
 from harness.costmodel import memory as mem
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token)
@@ -10,7 +12,8 @@ from harness.costmodel.params import params_total
 
 
 class Model:
-    """A model config reduced to numbers, with per-token FLOPs precomputed."""
+    """A model config with per-token FLOPs precomputed. Short names follow the papers' notation:
+    L layers, h = d_model, a heads, V vocabulary, s sequence length, E experts, k = top_k."""
     __slots__ = ("cfg", "shape", "L", "h", "a", "d_ff", "V", "s", "E", "k", "params_total",
                  "layer_flops", "core_flops", "head_flops")
 
@@ -32,7 +35,7 @@ class Model:
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
-                 "collectives", "mem_bw")
+                 "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "allocator_overhead")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -44,32 +47,45 @@ class Hardware:
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
-        self.collectives = {}
-        for name, by_n in dict(hw.collectives or {}).items():
-            if not isinstance(by_n, dict) and not hasattr(by_n, "items"):
-                continue
-            table = {}
-            for n, fig in dict(by_n).items():
-                if str(n).isdigit() and fig.get("bus_bw_GBps"):
-                    table[int(n)] = comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9)
-            if table:
-                self.collectives[name] = table
+        self.collectives = _collective_table(hw.collectives or {})
+        compute = dict(getattr(hw, "compute", None) or {})
+        self.gemm = {k: GemmCurve.of(v) for k, v in dict(compute.get("gemm") or {}).items()}
+        self.attention_efficiency = dict(compute.get("attention_efficiency") or {})
+        self.op_dispatch_s = float(compute.get("op_dispatch_us", 0.0)) * 1e-6
+        self.allocator_overhead = float(compute.get("allocator_overhead", 0.0))
         return self
+
+
+def _collective_table(collectives) -> dict:
+    """calibrate's per-collective α-β fits: {name: {group size: Link}}."""
+    out = {}
+    for name, by_n in dict(collectives).items():
+        if not hasattr(by_n, "items"):
+            continue
+        table = {int(n): comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9)
+                 for n, fig in dict(by_n).items() if str(n).isdigit() and fig.get("bus_bw_GBps")}
+        if table:
+            out[name] = table
+    return out
 
 
 class Strategy:
     """The strategy knobs the cost model reads."""
-    __slots__ = ("name", "engine", "fam", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
-                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp", "autocast")
+    __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
+                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp", "autocast",
+                 "fsdp_accumulate", "zero1_impl", "tp_comm_overlap")
 
     @classmethod
     def of(cls, s) -> "Strategy":
         self = cls()
         self.name, self.engine, self.zero_stage = s.name, s.engine, s.zero_stage
-        self.fam = mem.family(s)
+        self.zero1_impl = getattr(s, "zero1_impl", "torch_zero")
+        self.family = mem.family(s)
         self.schedule = s.schedule
         self.sp = bool(s.sequence_parallel)
         self.reshard_after_forward = bool(s.reshard_after_forward)
+        self.fsdp_accumulate = getattr(s, "fsdp_accumulate", "unsharded")
+        self.tp_comm_overlap = bool(getattr(s, "tp_comm_overlap", False))
         self.bucket_bytes = s.bucket_cap_mb * 1024**2
         self.comm_hook, self.powersgd_rank = s.comm_hook, s.powersgd_rank
         # DeepSpeed: None means DeepSpeed's own default, which overlaps at stage 3 only
@@ -81,10 +97,10 @@ class Strategy:
         self.ds_buckets = ((s.ds.reduce_bucket_size, s.ds.stage3_prefetch_bucket_size, s.ds.stage3_max_live_parameters)
                            if s.engine == "deepspeed" else None)
         # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
-        self.uses_ddp = self.fam in ("replicated", "zero1_torch") and s.engine == "torch"
+        self.uses_ddp = self.family in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
-        self.autocast = self.fam not in ("sharded", "deepspeed")
+        self.autocast = self.family not in ("sharded", "deepspeed")
         return self
 
 
@@ -97,12 +113,12 @@ def ranks_per_node(hw: Hardware, world: int, nodes: int) -> int:
     return max(1, -(-world // nodes))
 
 
-def ideal_stage(st: "Strategy") -> int:
+def ideal_stage(st: Strategy) -> int:
     """The ZeRO stage whose ideal memory this engine approximates."""
-    if st.fam == "replicated":
+    if st.family == "replicated":
         return 0
-    if st.fam == "zero1_torch":
+    if st.family in ("zero1_torch", "zero1_distributed"):
         return 1
-    if st.fam == "sharded":
+    if st.family == "sharded":
         return st.zero_stage if st.zero_stage >= 2 else 3
     return st.zero_stage

@@ -108,7 +108,7 @@ def layout_label(row: dict) -> str:
 
 def caching_compose():
     """compose_run per distinct (hardware, strategy) once; the rest of a row is replaced in place."""
-    from harness.predict import compose_run
+    from harness.config import compose_run
 
     cache: dict = {}
 

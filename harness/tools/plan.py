@@ -76,8 +76,15 @@ class Candidate:
 
 def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
+<<<<<<< HEAD
     from harness.costmodel.estimate import finish, layout
     from harness.costmodel.inputs import Hardware, Model, Strategy
+=======
+    from harness.costmodel.estimate import finish
+    from harness.costmodel.inputs import Hardware, Model, Strategy
+    from harness.costmodel.layout import layout
+    from harness.costmodel.memory_peak import memory_peak
+>>>>>>> dcdcf2b (costmodel: estimate.py split into named dataclasses and functions (inputs, layout, dp_comm, compute, step_time, memory_peak; none over 200 lines); predictions unchanged on every strategy family. New: the distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1) and fsdp_accumulate=sharded in memory and dp comm, overlap per mechanism, comm_*_exposed_time_s and allocator_bytes terms, shape-aware GEMM hook; planner checks memory before time)
     from harness.validate import available_strategies
 
     m_cfg, hw_cfg, w = run.model, run.hardware, run.workload
@@ -125,11 +132,12 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                 if lo is None:  # what micro-batching and checkpointing do not change, once
                                     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
                                 for ckpt in CHECKPOINTING:
-                                    pred = finish(lo, mb, m, ckpt)
                                     evaluated += 1
-                                    if pred["peak_mem_bytes"] > mem_limit:
+                                    peak = memory_peak(lo, mb, m, ckpt)  # memory first: no time for what cannot fit
+                                    if peak.peak_bytes > mem_limit:
                                         oom += 1
                                         continue
+                                    pred = finish(lo, mb, m, ckpt, peak)
                                     feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
                                                               strat[0], strat[1], pred))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])

@@ -1,0 +1,122 @@
+"""Compute time of one micro-batch on one pipeline rank: GEMMs by shape, the attention kernel, and
+the element-wise work by bandwidth.
+
+GEMM (M, N, K) in dtype of e bytes, on a profile with a `compute.gemm.<dtype>` curve:
+    t = max(2MNK / (R * wave(M, N)),  e (MK + KN + MN) / B)
+    R = the best sustained GEMM rate (a cited measurement, or `harness.calibrate`'s sweep), B = memory
+    bandwidth: below the ridge point R/B a GEMM is memory-bound (Williams et al. 2009, "Roofline").
+    wave(M, N) = tiles / (ceil(tiles / units) * units), tiles = ceil(M/tm) ceil(N/tn): the last wave of
+    output tiles leaves units idle (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
+    wave quantization), with the tile (tm, tn) and unit count (SMs) of the profile;
+    or, for a measured sweep (`points`: [GEMM FLOPs, TFLOP/s] pairs), R(2MNK) interpolated in log FLOPs.
+Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gpt.py: q, k, v, o,
+fc1, fc2 separate nn.Linear): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
+(T, in, out) and the weight gradient (out, in, T) per projection; full recompute runs the forward again.
+Attention core (QK^T, AV): with a profile's `attention_efficiency` (a fused causal kernel, e.g.
+FlashAttention), the causal half of flops.py's 4 s h per token runs at that fraction of peak; without
+one it runs at the GEMM rate on the full count. Element-wise work: traffic.py's bytes / B.
+A profile without a `compute.gemm` entry for the dtype keeps one rate for every FLOP (achievable_tflops).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class GemmCurve:
+    max_flops: float  # FLOP/s of the best large GEMM
+    tile_m: int = 0
+    tile_n: int = 0
+    units: int = 0
+    points: tuple = ()  # ((log GEMM FLOPs, FLOP/s), ...) measured, sorted
+
+    @classmethod
+    def of(cls, cfg) -> "GemmCurve":
+        cfg = dict(cfg)
+        pts = tuple(sorted((math.log(float(f)), float(r) * 1e12) for f, r in (cfg.get("points") or ())))
+        tile = list(cfg.get("tile") or (0, 0))
+        return cls(float(cfg["max_tflops"]) * 1e12, int(tile[0]), int(tile[1]), int(cfg.get("units", 0)), pts)
+
+    def rate(self, m: float, n: float, k: float) -> float:
+        """FLOP/s of one (M, N, K) GEMM, before the memory-bound limit."""
+        if self.points:
+            return _interpolate(self.points, math.log(max(2 * m * n * k, 1.0)))
+        if not self.units:
+            return self.max_flops
+        tiles = math.ceil(m / self.tile_m) * math.ceil(n / self.tile_n)
+        return self.max_flops * tiles / (math.ceil(tiles / self.units) * self.units)
+
+
+def _interpolate(points: tuple, x: float) -> float:
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def gemm_time(curve: GemmCurve, m: float, n: float, k: float, elem_bytes: int, mem_bw: float, slowdown: float) -> float:
+    t_flops = 2 * m * n * k / (curve.rate(m, n, k) / slowdown)
+    return max(t_flops, elem_bytes * (m * k + k * n + m * n) / mem_bw) if mem_bw else t_flops
+
+
+def training_gemms(m: float, n: float, k: float) -> tuple:
+    """A projection's forward (M, N, K), input gradient and weight gradient."""
+    return ((m, n, k), (m, k, n), (n, k, m))
+
+
+def layer_gemm_time(md, tp: int, tokens: float, curve: GemmCurve, e: int, mem_bw: float, slowdown: float) -> float:
+    """Forward + backward GEMMs of one dense layer's tp shard for `tokens` tokens."""
+    h, f = md.h, md.d_ff
+    shapes = [(tokens, h / tp, h)] * 3 + [(tokens, h, h / tp), (tokens, f / tp, h), (tokens, h, f / tp)]
+    return sum(gemm_time(curve, *g, e, mem_bw, slowdown) for s in shapes for g in training_gemms(*s))
+
+
+@dataclass(slots=True)
+class LayerTimes:
+    """Seconds per micro-batch of one layer of the layout's shard (per checkpointing mode) and of the
+    head: compute (GEMMs, attention) and element-wise traffic apart."""
+    layer: dict
+    layer_traffic: dict
+    head: float
+    head_traffic: float
+
+    def rank_time(self, rank, ckpt: str) -> tuple[float, float]:
+        """(compute, element-wise) seconds of one micro-batch on a pipeline rank."""
+        return (rank.layers * self.layer[ckpt] + (self.head if rank.last else 0.0),
+                rank.layers * self.layer_traffic[ckpt] + (self.head_traffic if rank.last else 0.0))
+
+
+def microbatch_times(lo, mb: int) -> LayerTimes:
+    """Layer and head times for a micro-batch of mb sequences (cached on the layout per mb)."""
+    if mb in lo.gemm_cache:
+        return lo.gemm_cache[mb]
+    md, pt, pl = lo.model, lo.per_token, lo.place
+    tokens = mb * md.s
+    curve = lo.hw.gemm.get(lo.dtype)
+    bw = lo.mem_bw
+    if curve is None or md.E:  # one rate for every FLOP (MoE experts: no shape model yet)
+        layer = {c: tokens * pt.layer_flops[c] / lo.matmul_rate for c in pt.layer_flops}
+        head = tokens * pt.head_flops / lo.matmul_rate
+    else:
+        gemm = layer_gemm_time(md, pl.tp, tokens, curve, pt.act_elem_bytes, bw, pl.slowdown)
+        core = _core_time(lo, tokens, curve)
+        head = sum(gemm_time(curve, *g, pt.act_elem_bytes, bw, pl.slowdown)
+                   for g in training_gemms(tokens, md.V / pl.tp, md.h))
+        layer = {"none": gemm + core, "selective": gemm + core * 4 / 3, "full": (gemm + core) * 4 / 3}
+    traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
+    out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)
+    lo.gemm_cache[mb] = out
+    return out
+
+
+def _core_time(lo, tokens: float, curve: GemmCurve) -> float:
+    """QK^T and AV, forward + backward (3x the forward), of one layer's tp shard."""
+    md, tp = lo.model, lo.place.tp
+    flops = 3 * tokens * md.core_flops / tp
+    eff = lo.hw.attention_efficiency.get(lo.dtype)
+    if eff:  # a fused causal kernel computes only the unmasked half
+        return 0.5 * flops / (lo.hw.peak[lo.dtype] * float(eff) / lo.place.slowdown)
+    return flops / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)

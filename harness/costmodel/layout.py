@@ -1,0 +1,184 @@
+"""A parallel layout: everything about a config that does not depend on micro-batching or
+checkpointing. The planner builds one per (dp, tp, pp, vpp, ep, strategy) and finishes it for every
+(micro-batch size, micro-batch count, checkpointing mode) cheaply (harness/costmodel/estimate.py).
+
+    Placement      degrees, ranks per node, the CPU time-sharing slowdown
+    PipelineRank   one pp rank's parameters and model states (worst dp rank), layers, ends
+    PerToken       per-token (or per-sequence) activation bytes, FLOPs and element-wise bytes
+    AxisLinks      the link each axis' collectives use (calibrated where measured)
+    Layout         the above + the dp collectives of the busiest pp rank (harness/costmodel/comm.py)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness import catalog
+from harness.costmodel import activations as act
+from harness.costmodel import comm
+from harness.costmodel.dp_comm import dp_collectives
+from harness.costmodel import memory as mem
+from harness.costmodel import traffic
+from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
+from harness.costmodel.params import block_tensors, numel, rank_inventory
+
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass(slots=True)
+class Placement:
+    dp: int
+    tp: int
+    pp: int
+    vpp: int  # virtual stages per pp rank (1 without a pipeline)
+    ep: int
+    world: int
+    n_stages: int
+    ranks_per_node: int
+    slowdown: float  # CPU ranks time-sharing the cores: rate and bandwidth divide by this
+
+
+@dataclass(slots=True)
+class PipelineRank:
+    pp_rank: int
+    stages: tuple
+    groups: tuple  # parameter groups (count, dim0, rest, kind), harness/costmodel/params.py
+    numel: int
+    states: tuple  # per dp rank (params, grads, optimizer, master) bytes
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    master_bytes: int
+    model_states_bytes: int  # the four above
+    layers: int
+    first: bool  # holds the embeddings
+    last: bool  # holds ln_f, the head and the loss
+
+
+@dataclass(slots=True)
+class PerToken:
+    """Per checkpointing mode where it matters; activation bytes per sequence, the rest per token."""
+    layer_activation_bytes: dict  # one layer, one sequence
+    head_activation_bytes: float  # last stage, one sequence
+    logits_bytes: float  # logits + their gradient, one sequence (a transient at the loss)
+    layer_flops: dict  # forward + backward (+ recompute) of one layer's shard
+    head_flops: float
+    layer_traffic_bytes: dict  # element-wise bytes (harness/costmodel/traffic.py)
+    head_traffic_bytes: float
+    act_elem_bytes: int  # matmul output dtype
+    residual_elem_bytes: int  # the residual stream: fp32 under autocast
+    unsharded_elem_bytes: int  # FSDP gathers params in this dtype
+
+
+@dataclass(slots=True)
+class AxisLinks:
+    tp: comm.Link | None
+    pp: comm.Link | None
+    ep: comm.Link | None
+    tp_calls_per_microbatch: int
+    pp_sends_per_microbatch: int
+    ep_layers: int
+
+
+@dataclass(slots=True)
+class Layout:
+    model: Model
+    hw: Hardware
+    strategy: Strategy
+    precision: str
+    dtype: str  # the hardware profile's key for the precision: fp32 | bf16 | fp16
+    place: Placement
+    ranks: list  # PipelineRank: pp ranks 0, 1 and p-1 (every pp rank with detail)
+    per_token: PerToken
+    links: AxisLinks
+    dp_collectives: list  # comm.DpCollective
+    matmul_rate: float  # FLOP/s of one rank at this precision
+    mem_bw: float  # bytes/s of one rank (0: memory-bound work not modelled)
+    can_overlap: bool
+    params_per_rank: int
+    ideal_model_states_bytes: float
+    optimizer_traffic_bytes: float
+    grad_elems: int
+    fsdp_block_bytes: float
+    gemm_cache: dict = field(default_factory=dict)  # micro-batch size -> per-rank compute times
+
+    @property
+    def busiest(self) -> PipelineRank:
+        return max(self.ranks, key=lambda r: r.numel)
+
+
+def placement(hw: Hardware, dp: int, tp: int, pp: int, vpp: int, ep: int, nodes: int) -> Placement:
+    v = vpp if pp > 1 else 1
+    world = dp * tp * pp
+    rpn = ranks_per_node(hw, world, nodes)
+    slowdown = max(1.0, rpn / hw.devices_per_node) if hw.device == "cpu" else 1.0
+    return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, slowdown)
+
+
+def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:
+    """Without detail only pp ranks 0, 1 and p-1: the middle ranks hold the same parameters and rank 1
+    has the most micro-batches in flight among them, so every maximum is among these three."""
+    per_stage_layers = md.L // pl.n_stages
+    out = []
+    for r in (range(pl.pp) if detail else sorted({0, min(1, pl.pp - 1), pl.pp - 1})):
+        stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
+        groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r)
+        states = mem.model_states(st.family, groups, pl.dp, pl.ep, precision, st.ds_knobs, detail)
+        p, g, o, x = max(states, key=sum)
+        out.append(PipelineRank(r, stages, groups, numel(groups), states, p, g, o, x, p + g + o + x,
+                                per_stage_layers * len(stages), 0 in stages, pl.n_stages - 1 in stages))
+    return out
+
+
+def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToken:
+    e = catalog.PRECISION_BYTES[precision]
+    e_res = 4 if st.autocast else e
+    cfg = md.cfg
+    return PerToken(
+        layer_activation_bytes={c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in CHECKPOINTING},
+        head_activation_bytes=act.head_bytes(md.s, 1, md.h, md.V, tp, True),
+        logits_bytes=8 * md.s * md.V / tp,  # vocab-parallel head and loss (models/tp_plan.py)
+        # forward+backward FLOPs per token of one layer (x3; full recompute x4; selective + the core)
+        layer_flops={"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
+                     "full": 4 * md.layer_flops / tp},
+        head_flops=3 * md.head_flops / tp,
+        layer_traffic_bytes={c: traffic.layer_bytes_per_token(cfg, tp, st.sp, e, e_res, c) for c in CHECKPOINTING},
+        head_traffic_bytes=traffic.head_bytes_per_token(cfg, tp),
+        act_elem_bytes=e, residual_elem_bytes=e_res,
+        unsharded_elem_bytes=e if st.family == "sharded" else 4)
+
+
+def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list) -> AxisLinks:
+    def link(coll, n, stride):
+        return comm.collective_link(hw, coll, n, stride * n <= pl.ranks_per_node)
+
+    # Per layer 2 all-reduces forward (after o, fc2) and, backward, one per column-parallel projection
+    # fed by a replicated input: q, k, v and fc1 each reduce their input gradient separately (models/
+    # tp_plan.py wraps them one by one; the profiled window counted 6 per layer on model=tiny): 6.
+    # With sequence parallel the attention and MLP inputs are gathered once (PrepareModuleInput), so
+    # the gradient is reduce-scattered once per input: 4 all-reduce equivalents (Megatron's count).
+    tp_calls = max((4 if st.sp else 6) * r.layers + int(r.first) + int(r.last) for r in ranks)
+    return AxisLinks(
+        tp=link("all_reduce", pl.tp, 1) if pl.tp > 1 else None,
+        pp=link("send_recv", 2, pl.dp * pl.tp) if pl.pp > 1 else None,
+        ep=link("all_to_all", pl.ep, pl.tp) if pl.ep > 1 and md.E else None,
+        tp_calls_per_microbatch=tp_calls,
+        pp_sends_per_microbatch=max(comm.pp_sends(r.stages, pl.n_stages) for r in ranks),
+        ep_layers=max(r.layers for r in ranks))
+
+
+def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
+           nodes: int = 1, detail: bool = False, weight_decay: float = 0.0) -> Layout:
+    pl = placement(hw, dp, tp, pp, vpp, ep, nodes)
+    ranks = pipeline_ranks(md, st, pl, precision, detail)
+    pt = per_token_costs(md, st, tp, precision)
+    psi_rank = max(r.numel for r in ranks)
+    rate = (hw.rate.get(catalog.PEAK_KEY[precision]) or hw.rate["fp32"]) / pl.slowdown
+    # AdamW state is 8 B per element it updates: the rank with the most optimizer state steps longest
+    opt_traffic = traffic.optimizer_bytes(max(r.optimizer_bytes for r in ranks) / 8, weight_decay)
+    fsdp_block = pt.unsharded_elem_bytes * (4 * md.h * md.h + 2 * md.h * md.d_ff) / tp
+    links = axis_links(md, hw, st, pl, ranks)
+    lo = Layout(md, hw, st, precision, catalog.PEAK_KEY[precision], pl, ranks, pt, links, [], rate,
+                hw.mem_bw / pl.slowdown if hw.mem_bw else 0.0, hw.device != "cpu", psi_rank,
+                mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision), opt_traffic, psi_rank, fsdp_block)
+    lo.dp_collectives = dp_collectives(lo, block_tensors(md.h, md.d_ff, md.E, tp, ep))
+    return lo

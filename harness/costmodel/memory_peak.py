@@ -1,0 +1,76 @@
+"""Peak device memory of the worst rank for one micro-batching and checkpointing mode.
+
+    peak = model states (memory.py) + persistent communication buffers + unsharded FSDP state held
+           across passes + activations in flight (activations.py) + the largest transient
+         + the allocator's overhead on all of it (a named fraction of the profile; 0 where unmeasured)
+Transients: the logits and their gradient at the loss; an FSDP unit's gathered params, the prefetched
+next unit's and its unsharded grads (3 units); one block's activations while full recompute reruns it.
+FSDP accumulation: fsdp_accumulate=unsharded keeps every block's grads unsharded (and, resharding
+after forward, its params gathered) between micro-batches; sharded reduce-scatters each micro-batch's
+grads and reshards, so nothing is held between micro-batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.costmodel import activations as act
+from harness.costmodel import memory as mem
+
+
+@dataclass(slots=True)
+class MemoryPeak:
+    rank: object  # layout.PipelineRank with the highest peak
+    activations_bytes: float
+    comm_buffer_bytes: float
+    fsdp_unsharded_bytes: float
+    transient_bytes: float
+    allocator_bytes: float
+
+    @property
+    def peak_bytes(self) -> float:
+        return (self.rank.model_states_bytes + self.comm_buffer_bytes + self.fsdp_unsharded_bytes
+                + self.activations_bytes + self.transient_bytes + self.allocator_bytes)
+
+
+def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str) -> float:
+    """Activations a pipeline rank holds at its peak: its layers (+ the head) x micro-batches in flight."""
+    pt, pl = lo.per_token, lo.place
+    one = rank.layers * pt.layer_activation_bytes[ckpt] * mb + (pt.head_activation_bytes * mb if rank.last else 0)
+    return one * (act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0)
+
+
+def fsdp_held_bytes(lo, rank, m: int) -> float:
+    st = lo.strategy
+    if st.family != "sharded" or lo.place.dp <= 1:
+        return 0.0
+    full = lo.per_token.unsharded_elem_bytes * rank.numel
+    held = 0.0 if st.reshard_after_forward else full - rank.params_bytes  # zero2: forward to backward
+    if m > 1 and st.fsdp_accumulate != "sharded":
+        held += (full - rank.grads_bytes) + ((full - rank.params_bytes) if st.reshard_after_forward else 0)
+    return held
+
+
+def transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
+    pt = lo.per_token
+    out = pt.logits_bytes * mb if rank.last else 0.0
+    if lo.strategy.family == "sharded" and lo.place.dp > 1:
+        out = max(out, 3 * lo.fsdp_block_bytes)  # this unit's and the prefetched unit's params + its grads
+    if ckpt == "full":
+        out = max(out, pt.layer_activation_bytes["none"] * mb)  # one block while it is recomputed
+    return out
+
+
+def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
+    """The rank whose model states + activations are largest, with its buffers and transients."""
+    worst, worst_total, worst_acts = None, -1.0, 0.0
+    for rank in lo.ranks:
+        acts = rank_activation_bytes(lo, rank, mb, m, ckpt)
+        if rank.model_states_bytes + acts > worst_total:
+            worst, worst_total, worst_acts = rank, rank.model_states_bytes + acts, acts
+    st = lo.strategy
+    buffers = (mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets)
+               if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed") else 0)
+    held = fsdp_held_bytes(lo, worst, m)
+    transient = transient_bytes(lo, worst, mb, ckpt)
+    tensors = worst.model_states_bytes + buffers + held + worst_acts + transient
+    return MemoryPeak(worst, worst_acts, buffers, held, transient, lo.hw.allocator_overhead * tensors)

@@ -1,0 +1,129 @@
+"""Time of one optimizer step on the slowest rank, and what each axis' communication leaves exposed.
+
+    t_mb     = one micro-batch's compute on the rank (compute.py: GEMMs, attention, element-wise)
+    compute  = m * t_mb + optimizer step and gradient accumulation bytes / memory bandwidth
+    bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
+    comm     = Σ α-β times per axis (comm.py, dp_comm.py)
+    exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
+               the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
+               unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind
+               the next forward; ZeRO-1's broadcast and DeepSpeed 1/2's gathers after the step are
+               exposed; TP collectives are exposed (no comm-overlap option is modelled); PP sends hide in
+               the steady state, exposed on the fill/drain chain (2(p-1) sends); EP all-to-alls are
+               exposed. On CPU nothing hides (gloo's threads need the cores the compute uses:
+               docs/notes.md measured 23 % exposed by A/B where the trace said 8 %), so exposed = comm.
+    step     = compute + bubble + exposed
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.costmodel import comm
+from harness.costmodel import pipeline as pipe
+from harness.costmodel import traffic
+from harness.costmodel.compute import microbatch_times
+
+
+@dataclass(slots=True)
+class ComputeTime:
+    per_rank_s: dict  # pp rank -> seconds per micro-batch
+    microbatch_s: float  # the slowest rank's
+    matmul_s: float  # m micro-batches of the slowest rank's GEMMs and attention
+    optimizer_s: float
+    compute_s: float
+
+
+@dataclass(slots=True)
+class AxisComm:
+    bytes: float  # bytes one rank sends per step
+    time_s: float
+    exposed_s: float
+
+
+def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
+    times = microbatch_times(lo, mb)
+    per_rank, slowest, slowest_matmul = {}, 0.0, 0.0
+    for rank in lo.ranks:
+        matmul, elementwise = times.rank_time(rank, ckpt)
+        per_rank[rank.pp_rank] = matmul + elementwise
+        if matmul + elementwise > slowest:
+            slowest, slowest_matmul = matmul + elementwise, matmul
+    optimizer_s = ((lo.optimizer_traffic_bytes + (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems)
+                   / lo.mem_bw if lo.mem_bw else 0.0)
+    return ComputeTime(per_rank, slowest, m * slowest_matmul, optimizer_s, m * slowest + optimizer_s)
+
+
+def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
+    """(bubble seconds of the slowest rank, bubble_pct as measured: mean over ranks of idle / pipeline time).
+    With unequal stages (on model=small the last stage's head makes it 1.6x the first) the slowest rank
+    idles while the others fill and drain, bubble_units x the others' mean time, and the faster ranks
+    idle longer. lo.ranks holds pp ranks 0, 1, p-1 (the middle ranks equal rank 1). Equal stages:
+    idle_mean_s = bubble_s and this is the formula's (p-1)/(v m + p-1)."""
+    pl, t_mb = lo.place, ct.microbatch_s
+    units = pipe.bubble_units(lo.strategy.schedule, pl.pp, pl.vpp, m)
+    if pl.pp <= 1:
+        return 0.0, 0.0
+    t = ct.per_rank_s
+    t_all = [t[0], *[t[min(1, pl.pp - 1)]] * (pl.pp - 2), t[pl.pp - 1]]
+    others = (sum(t_all) - t_mb) / (pl.pp - 1)
+    pipe_s = m * t_mb + units * others / pl.vpp
+    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all)
+    return units * t_mb / pl.vpp, 100 * idle_mean_s / pipe_s
+
+
+def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:
+    volume = total = exposed = 0.0
+    t_mb = ct.microbatch_s
+    for c in lo.dp_collectives:
+        size = c.op.bytes_once + c.op.bytes_per_microbatch * m
+        calls = (max(1, math.ceil(size / c.bucket_bytes)) if c.bucket_bytes
+                 else max(1, round(size / max(c.unit_bytes, 1))) * c.units)
+        t = calls * c.alpha_s + size * c.factor / c.bus_bw_Bps
+        volume += c.factor * size
+        total += t
+        exposed += _exposed(lo, c.op.mechanism, t, calls, c.units, t_mb, m, ct.compute_s)
+    return AxisComm(volume, total, exposed)
+
+
+def _exposed(lo, mechanism: str, t: float, calls: int, units: int, t_mb: float, m: int, compute_s: float) -> float:
+    """The part of a collective's time t that no compute hides (t_mb: one micro-batch, 1/3 forward)."""
+    if not lo.can_overlap or mechanism == "after_step" or not lo.strategy.overlap_comm:
+        return t
+    if mechanism == "prefetch":
+        return max(0.0, t - compute_s) + t / units
+    window = {"backward_last": t_mb * 2 / 3, "backward_each": t_mb * 2 / 3 * m, "next_forward": t_mb / 3}[mechanism]
+    return max(0.0, t - window) + t / calls
+
+
+def tp_comm(lo, mb: int, m: int) -> AxisComm:
+    link = lo.links.tp
+    if link is None:
+        return AxisComm(0.0, 0.0, 0.0)
+    calls = m * lo.links.tp_calls_per_microbatch
+    size = calls * mb * lo.model.s * lo.model.h * lo.per_token.act_elem_bytes
+    factor = comm.FACTOR["all_reduce"](lo.place.tp)
+    t = calls * link.alpha_s + factor * size / link.bw_Bps
+    return AxisComm(factor * size, t, 0.0 if lo.strategy.tp_comm_overlap and lo.can_overlap else t)
+
+
+def pp_comm(lo, mb: int, m: int) -> AxisComm:
+    link, pl = lo.links.pp, lo.place
+    if link is None:
+        return AxisComm(0.0, 0.0, 0.0)
+    one = mb * lo.model.s * lo.model.h * lo.per_token.residual_elem_bytes
+    sends = lo.links.pp_sends_per_microbatch * m
+    t = sends * (link.alpha_s + one / link.bw_Bps)
+    exposed = 2 * (pl.pp - 1) * (link.alpha_s + one / link.bw_Bps) if lo.can_overlap else t
+    return AxisComm(sends * one, t, exposed)
+
+
+def ep_comm(lo, mb: int, m: int) -> AxisComm:
+    link, md = lo.links.ep, lo.model
+    if link is None:
+        return AxisComm(0.0, 0.0, 0.0)
+    calls = 4 * lo.links.ep_layers * m  # dispatch and combine, forward and backward
+    size = calls * mb * md.s * md.k * md.h * 4
+    factor = comm.FACTOR["all_to_all"](lo.place.ep)
+    t = calls * link.alpha_s + factor * size / link.bw_Bps
+    return AxisComm(factor * size, t, t)

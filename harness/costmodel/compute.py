@@ -12,9 +12,10 @@ GEMM (M, N, K) in dtype of e bytes, on a profile with a `compute.gemm.<dtype>` c
 Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gpt.py: q, k, v, o,
 fc1, fc2 separate nn.Linear): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
 (T, in, out) and the weight gradient (out, in, T) per projection; full recompute runs the forward again.
-Attention core (QK^T, AV): with a profile's `attention_efficiency` (a fused causal kernel, e.g.
-FlashAttention), the causal half of flops.py's 4 s h per token runs at that fraction of peak; without
-one it runs at the GEMM rate on the full count. Element-wise work: traffic.py's bytes / B.
+Attention core (QK^T, AV): under model.attention=sdpa with a profile's `attention_efficiency` (a fused
+causal kernel, e.g. FlashAttention), the causal half of flops.py's 4 s h per token runs at that
+fraction of peak; eager attention (scores materialised) runs its batched GEMMs, full count, at the
+GEMM rate of (s, s, h/a) shapes. Element-wise work: traffic.py's bytes / B.
 A profile without a `compute.gemm` entry for the dtype keeps one rate for every FLOP (achievable_tflops).
 """
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _core_time(lo, tokens: float, curve: GemmCurve) -> float:
     """QK^T and AV, forward + backward (3x the forward), of one layer's tp shard."""
     md, tp = lo.model, lo.place.tp
     flops = 3 * tokens * md.core_flops / tp
-    eff = lo.hw.attention_efficiency.get(lo.dtype)
+    eff = lo.hw.attention_efficiency.get(lo.dtype) if md.cfg.attention == "sdpa" else None
     if eff:  # a fused causal kernel computes only the unmasked half
         return 0.5 * flops / (lo.hw.peak[lo.dtype] * float(eff) / lo.place.slowdown)
     return flops / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)

@@ -22,7 +22,9 @@ transformer blocks, G = its gradient bytes (after any comm hook), m = micro-batc
 Overlap mechanisms (harness/costmodel/step_time.py turns each into exposed time):
     backward_last   gradient buckets reduced during the last micro-batch's backward; the last bucket waits
     backward_each   reduced during every micro-batch's backward; the last bucket waits
-    prefetch        parameter gathers one unit ahead of the compute that needs them; the first waits
+    prefetch        parameter gathers one unit ahead of the compute that needs them; the first waits.
+                    DeepSpeed ZeRO-3 prefetches at most stage3_prefetch_bucket_size elements ahead, so of
+                    a unit larger than that only that fraction can hide (175B: 5e7 of 1.8e9 per block)
     next_forward    parameter gathers overlapped with the next step's forward; the first bucket waits
     after_step      nothing to hide behind: fully exposed
 """
@@ -54,6 +56,7 @@ class DpCollective:
     unit_bytes: float  # bytes of one gather unit's worth of parameters (calls when not bucketed)
     units: int  # FSDP units / DeepSpeed gather groups: one per block + the root
     factor: float  # nccl-tests bus factor of the collective over the group (comm.FACTOR)
+    prefetch_fraction: float = 1.0  # of one unit's gather that can be in flight ahead of its compute
 
 
 def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes: float | None = None) -> list[DpOp]:
@@ -124,6 +127,9 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
         for op in dp_ops(st, n, pb, gb, blk):
             link = comm.collective_link(lo.hw, op.collective, n, n * pl.tp <= pl.ranks_per_node)
             bucketed = op.mechanism in ("backward_last", "backward_each", "next_forward")
-            out.append(DpCollective(op, n, link.alpha_s, link.bw_Bps, bucket if bucketed else 0.0, pb,
-                                    busiest.layers + 1, comm.FACTOR[op.collective](n)))
+            units = busiest.layers + 1
+            ahead = (min(1.0, st.ds_buckets[1] * param_elem / (pb / units))
+                     if st.ds_buckets and op.mechanism == "prefetch" else 1.0)
+            out.append(DpCollective(op, n, link.alpha_s, link.bw_Bps, bucket if bucketed else 0.0, pb, units,
+                                    comm.FACTOR[op.collective](n), ahead))
     return out

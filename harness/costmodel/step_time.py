@@ -82,16 +82,18 @@ def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:
         t = calls * c.alpha_s + size * c.factor / c.bus_bw_Bps
         volume += c.factor * size
         total += t
-        exposed += _exposed(lo, c.op.mechanism, t, calls, c.units, t_mb, m, ct.compute_s)
+        exposed += _exposed(lo, c, t, calls, t_mb, m, ct.compute_s)
     return AxisComm(volume, total, exposed)
 
 
-def _exposed(lo, mechanism: str, t: float, calls: int, units: int, t_mb: float, m: int, compute_s: float) -> float:
+def _exposed(lo, c, t: float, calls: int, t_mb: float, m: int, compute_s: float) -> float:
     """The part of a collective's time t that no compute hides (t_mb: one micro-batch, 1/3 forward)."""
+    mechanism = c.op.mechanism
     if not lo.can_overlap or mechanism == "after_step" or not lo.strategy.overlap_comm:
         return t
-    if mechanism == "prefetch":
-        return max(0.0, t - compute_s) + t / units
+    if mechanism == "prefetch":  # the first unit waits; what cannot be in flight ahead waits too
+        ahead = c.prefetch_fraction * t
+        return min(t, (t - ahead) + max(0.0, ahead - compute_s) + t / c.units)
     window = {"backward_last": t_mb * 2 / 3, "backward_each": t_mb * 2 / 3 * m, "next_forward": t_mb / 3}[mechanism]
     return max(0.0, t - window) + t / calls
 

@@ -21,7 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
-SHARDING = {"FULL_SHARD": "zero3", "SHARD_GRAD_OP": "zero2"}  # llm-foundry's FSDP modes -> brigade strategies
 
 
 def load(path: Path = DATA) -> tuple[dict, list[dict]]:
@@ -33,6 +32,8 @@ def load(path: Path = DATA) -> tuple[dict, list[dict]]:
     for key, src in doc["sources"].items():
         for i, values in enumerate(src["rows"]):
             row = {**src.get("defaults", {}), **dict(zip(src["columns"], values))}
+            if "sharding" in row:
+                row["zero"] = src["zero_of_sharding"][row["sharding"]]
             row.update(source=key, index=i, half=src["half"], hardware=src["hardware"], metric=src["metric"],
                        precision=src["precision"], cite=src["cite"])
             rows.append(row)
@@ -54,16 +55,22 @@ def published_tokens_per_s_per_gpu(row: dict, model: dict) -> float:
 
 
 def strategy_overrides(row: dict) -> list[str]:
-    """The brigade strategy that runs this row's layout."""
-    if "sharding" in row:  # llm-foundry FSDP: Composer reduce-scatters every micro-batch
-        return [f"strategy={SHARDING[row['sharding']]}", "strategy.fsdp_accumulate=sharded"]
-    if row.get("strategy") == "ds_zero3":  # DeepSpeed's own defaults, not brigade's CPU-sized buckets
-        return ["strategy=zero3", "strategy.engine=deepspeed", "strategy.ds.reduce_bucket_size=500000000",
+    """The brigade strategy that runs this row's layout (harness/catalog.py, as the planner picks it)."""
+    from harness import catalog
+
+    tp, pp = row["tp"], row["pp"]
+    name, knobs = catalog.strategy_for(row["gpus"] // (tp * pp), tp, pp, 1, row.get("zero", 0))
+    out = [f"strategy={name}", *(f"strategy.{k}={str(v).lower()}" for k, v in knobs.items())]
+    if row.get("engine", "torch") != "torch":  # DeepSpeed's own defaults, not brigade's CPU-sized buckets
+        out += [f"strategy.engine={row['engine']}", "strategy.ds.reduce_bucket_size=500000000",
                 "strategy.ds.stage3_param_persistence_threshold=100000"]
-    if row["tp"] == 1 and row["pp"] == 1:
-        return ["strategy=ddp"]
-    return ["strategy=3d", f"strategy.dp_shard={row['dp_shard']}", f"strategy.schedule={row['schedule']}",
-            f"strategy.sequence_parallel={str(bool(row.get('sequence_parallel', False))).lower()}"]
+    if pp > 1:
+        out.append(f"strategy.schedule={row['schedule']}")
+    if tp > 1:
+        out.append(f"strategy.sequence_parallel={str(bool(row.get('sequence_parallel', False))).lower()}")
+    if "fsdp_accumulate" in row:
+        out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
+    return out
 
 
 def overrides(row: dict, model: dict) -> list[str]:
@@ -101,7 +108,7 @@ def predict_row(row: dict, model: dict, compose) -> dict:
 def layout_label(row: dict) -> str:
     tp, pp = row["tp"], row["pp"]
     dp = row["gpus"] // (tp * pp)
-    strat = row.get("sharding") or row.get("strategy") or ("3d" if tp * pp > 1 else "ddp")
+    strat = row.get("sharding") or f"zero{row.get('zero', 0)} {row.get('engine', 'torch')}"
     sp = " sp" if row.get("sequence_parallel") else ""
     return (f"{strat} dp{dp} tp{tp} pp{pp}{sp} s{row['seq_len']} mb{row['micro_batch_size']} "
             f"gbs{row['global_batch']} {row['activation_checkpointing']}")

@@ -1,0 +1,71 @@
+"""Pure tier: the cost model's mechanisms (issue 13): FSDP accumulation modes, the distributed
+optimizer, overlap per mechanism and shape-aware GEMM time."""
+from __future__ import annotations
+
+import pytest
+
+from harness.config import compose_run
+from harness.costmodel.compute import GemmCurve, gemm_time
+from harness.costmodel.estimate import evaluate
+from harness.costmodel.inputs import Hardware, Model, Strategy
+
+HW = Hardware.of(compose_run(["hardware=h100_sxm"]).hardware)
+MD = Model.of(compose_run(["model=gpt_7b"]).model)
+
+
+def strategy(*overrides):
+    return Strategy.of(compose_run(list(overrides)).strategy)
+
+
+def run(st, dp=8, m=4, mb=1, precision="bf16-mixed"):
+    return evaluate(MD, HW, st, dp, 1, 1, 1, 1, mb, m, precision, "full", detail=False)
+
+
+def test_sharded_accumulation_holds_nothing_between_microbatches_and_moves_more():
+    """unsharded: Ψ + m Ψ_blocks gathered, G reduce-scattered once, full grads held; sharded: per
+    micro-batch Ψ + Ψ_blocks gathered and G reduce-scattered, nothing held."""
+    unsharded = run(strategy("strategy=zero3"))
+    sharded = run(strategy("strategy=zero3", "strategy.fsdp_accumulate=sharded"))
+    assert unsharded["fsdp_unsharded_bytes"] > 0 and sharded["fsdp_unsharded_bytes"] == 0
+    assert sharded["peak_mem_bytes"] < unsharded["peak_mem_bytes"]
+    assert sharded["comm_dp_bytes"] > unsharded["comm_dp_bytes"]
+    one = run(strategy("strategy=zero3", "strategy.fsdp_accumulate=sharded"), m=1)
+    assert sharded["comm_dp_bytes"] == pytest.approx(4 * one["comm_dp_bytes"])
+
+
+def test_distributed_optimizer_shards_adam_and_moves_an_all_reduce_worth():
+    """Reduce-scatter G + all-gather Ψ = 2(n-1)/n Ψ (fp32), like DDP's all-reduce, with AdamW state / dp
+    and no exposed broadcast after the step (ZeroRedundancyOptimizer's)."""
+    ddp = run(strategy("strategy=ddp"))
+    dist = run(strategy("strategy=zero1", "strategy.zero1_impl=distributed"))
+    torch_zero = run(strategy("strategy=zero1"))
+    assert dist["comm_dp_bytes"] == pytest.approx(ddp["comm_dp_bytes"], rel=1e-9)
+    assert dist["optimizer_bytes"] == pytest.approx(ddp["optimizer_bytes"] / 8, rel=1e-3)
+    assert dist["comm_dp_exposed_time_s"] < torch_zero["comm_dp_exposed_time_s"]
+    three_d = evaluate(MD, HW, strategy("strategy=3d", "strategy.dp_shard=zero1"), 8, 2, 2, 1, 1, 1, 8,
+                       "bf16-mixed", "full", detail=False)
+    assert three_d["optimizer_bytes"] < evaluate(MD, HW, strategy("strategy=3d", "strategy.dp_shard=ddp"), 8, 2, 2, 1,
+                                                 1, 1, 8, "bf16-mixed", "full", detail=False)["optimizer_bytes"]
+
+
+def test_deepspeed_prefetch_bucket_bounds_the_overlap():
+    """ZeRO-3 can only prefetch stage3_prefetch_bucket_size elements ahead: a tiny bucket exposes the gathers."""
+    big = strategy("strategy=zero3", "strategy.engine=deepspeed", "strategy.ds.stage3_prefetch_bucket_size=1000000000")
+    tiny = strategy("strategy=zero3", "strategy.engine=deepspeed", "strategy.ds.stage3_prefetch_bucket_size=1000")
+    assert run(tiny, mb=8)["comm_dp_exposed_time_s"] > 5 * run(big, mb=8)["comm_dp_exposed_time_s"]
+
+
+def test_gemm_wave_quantization_and_roofline():
+    curve = GemmCurve(800e12, 256, 128, 132)
+    full = gemm_time(curve, 256 * 12, 128 * 11, 8192, 2, 3.35e12, 1.0)  # 132 tiles: one full wave
+    extra = gemm_time(curve, 256 * 12, 128 * 11 + 1, 8192, 2, 3.35e12, 1.0)  # 144 tiles: a second wave
+    assert extra / full == pytest.approx((1409 / 1408) * (2 * 132) / 144)  # 144 tiles take two waves of 132
+    skinny = gemm_time(curve, 8, 8192, 8192, 2, 3.35e12, 1.0)  # memory-bound: reads the 8192^2 weight
+    assert skinny == pytest.approx(2 * (8 * 8192 * 2 + 8192 * 8192) / 3.35e12)
+
+
+def test_measured_sweep_interpolates_in_log_flops():
+    curve = GemmCurve.of({"max_tflops": 1.0, "points": [[1e6, 0.1], [1e9, 0.4]]})
+    assert curve.rate(50, 100, 100) == pytest.approx(0.1e12)  # 1e6 FLOPs
+    assert curve.rate(1000, 1000, 500) == pytest.approx(0.4e12)
+    assert 0.1e12 < curve.rate(100, 1000, 500) < 0.4e12

@@ -62,7 +62,7 @@ STRATEGIES = {s.name: s for s in (
     StrategyRow("ep", ("dp", "ep"), "ep", "replicated"),
 )}
 # 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
-DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("zero1_distributed", 1)}
+DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0)}
 DEFAULT_DP_SHARD = "fsdp"
 
 
@@ -72,15 +72,11 @@ def strategy(name: str) -> StrategyRow:
     return STRATEGIES[name]
 
 
-def state_family(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD,
-                 zero1_impl: str = "torch_zero") -> str:
-    """The cost model's memory family for a strategy config: replicated | zero1_torch | zero1_distributed
-    (the distributed optimizer: zero1_impl=distributed, or 3d's dp_shard=zero1) | sharded | deepspeed."""
+def state_family(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD) -> str:
+    """The cost model's memory family for a strategy config: replicated | zero1_torch | sharded | deepspeed."""
     if engine == "deepspeed":
         return "deepspeed"
     states = strategy(name).states
-    if states == "zero1_torch" and zero1_impl == "distributed":
-        return "zero1_distributed"
     return DP_SHARD[dp_shard][0] if states == "by_dp_shard" else states
 
 

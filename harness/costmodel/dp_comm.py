@@ -6,9 +6,11 @@ transformer blocks, G = its gradient bytes (after any comm hook), m = micro-batc
         overlapped with the last micro-batch's backward;
     ZeroRedundancyOptimizer (zero1_impl=torch_zero): that all-reduce + a broadcast of the updated
         parameters from their owners after the step (nothing left to hide it behind);
-    distributed optimizer (zero1_impl=distributed, Megatron's): a reduce-scatter of G bucket by bucket
-        in the last backward, each rank steps its 1/n, then an all-gather of Ψ overlapped with the next
-        step's forward (Megatron's overlap_param_gather);
+    distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1; family "distributed" of
+        harness/catalog.py): one flat reduce-scatter of G after the backward, each rank steps its 1/n,
+        one all-gather of Ψ after the step (harness/strategies/distributed_optimizer.py overlaps
+        neither; Megatron's overlap_grad_reduce / overlap_param_gather would be backward_last /
+        next_forward);
     FSDP2 / ZeRO-3, fsdp_accumulate=unsharded (brigade's default, harness/strategies/fsdp.py keeps
         params gathered and grads unsharded between micro-batches): all-gather the blocks' params in
         forward and again in backward, m + 1 times over m micro-batches (once with
@@ -68,8 +70,8 @@ def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes:
         return [DpOp("all_reduce", g, 0.0, "backward_last")]
     if fam == "zero1_torch":
         return [DpOp("all_reduce", g, 0.0, "backward_last"), DpOp("broadcast", p, 0.0, "after_step")]
-    if fam == "zero1_distributed":
-        return [DpOp("reduce_scatter", g, 0.0, "backward_last"), DpOp("all_gather", p, 0.0, "next_forward")]
+    if fam == "distributed":
+        return [DpOp("reduce_scatter", g, 0.0, "after_step"), DpOp("all_gather", p, 0.0, "after_step")]
     if fam == "sharded":
         return _fsdp_ops(st, p, g, p if block_param_bytes is None else block_param_bytes)
     # DeepSpeed 0.19 stages 1 and 2 all-reduce each gradient bucket and keep their partition of it

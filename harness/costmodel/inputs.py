@@ -117,7 +117,7 @@ def ideal_stage(st: Strategy) -> int:
     """The ZeRO stage whose ideal memory this engine approximates."""
     if st.family == "replicated":
         return 0
-    if st.family in ("zero1_torch", "zero1_distributed"):
+    if st.family in ("zero1_torch", "distributed"):
         return 1
     if st.family == "sharded":
         return st.zero_stage if st.zero_stage >= 2 else 3

@@ -14,9 +14,6 @@ params / grads / optimizer state, see harness/worker/measure.py):
   zero1_torch torch ZeroRedundancyOptimizer: params and grads whole; whole parameters are assigned
               to ranks greedily, largest first, each to the rank with the fewest elements so far
               (ties: lowest rank), so optimizer bytes differ between ranks.
-  zero1_distributed  the distributed optimizer (zero1_impl=distributed, 3d with dp_shard=zero1): params
-              and grads whole, the gradients one flat buffer that is reduce-scattered in place (no
-              separate bucket copy), AdamW state on this rank's ceil(Ψ/N) slice of it.
   sharded     FSDP2 fully_shard (fsdp, zero2, zero3, 3d with dp_shard=fsdp): every parameter is
               split on dim 0 in torch.chunk pieces of ceil(dim0/N) rows (the last ranks may hold
               fewer or none); grads and optimizer state follow the same split. Rank 0 holds the most.
@@ -41,8 +38,7 @@ from harness.costmodel.params import n_tensors, numel
 
 def family(strategy) -> str:
     """Which engine holds the model states for this strategy config (harness/catalog.py)."""
-    return catalog.state_family(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard,
-                                strategy.zero1_impl)
+    return catalog.state_family(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard)
 
 
 def _chunk(dim0: int, n: int, rank: int) -> int:
@@ -78,13 +74,6 @@ def zero1_torch(groups, dp, ep, precision, knobs, dp_ranks):
         load[r][1] += 1
         heapq.heappush(heap, (elems + size, r))
     return [(4 * n, 4 * n, 8 * load[d][0] + 4 * load[d][1], 0) for d in dp_ranks]
-
-
-def zero1_distributed(groups, dp, ep, precision, knobs, dp_ranks):
-    """Megatron-style distributed optimizer over torch autocast: fp32 params and grads whole (one flat
-    grad buffer), AdamW state for this rank's contiguous 1/dp of the flat buffer (ceil), one step tensor."""
-    n = numel(groups)
-    return [(4 * n, 4 * n, 8 * -(-n // dp) + 4, 0) for _ in dp_ranks]
 
 
 def fsdp(groups, dp, ep, precision, knobs, dp_ranks):
@@ -133,8 +122,7 @@ def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
     return [one for _ in dp_ranks]
 
 
-FAMILIES = {"replicated": replicate, "zero1_torch": zero1_torch, "zero1_distributed": zero1_distributed, "sharded": fsdp,
-            "deepspeed": deepspeed}
+FAMILIES = {"replicated": replicate, "zero1_torch": zero1_torch, "sharded": fsdp, "deepspeed": deepspeed}
 
 
 @lru_cache(maxsize=65536)

@@ -19,6 +19,7 @@ from harness.costmodel.layout import Layout, layout
 from harness.costmodel.memory_peak import MemoryPeak, memory_peak
 from harness.costmodel.step_time import bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
 
+
 def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = None) -> dict:
     """The prediction of a layout for micro-batch size mb, m micro-batches per step and a checkpointing
     mode (peak: memory_peak(lo, mb, m, ckpt) when the caller has it already, as the planner does)."""
@@ -69,11 +70,4 @@ def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, v
     """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.tools.predict)."""
     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)
     out = finish(lo, mb, m, ckpt)
-    if detail:
-        out.update(rates_and_utilisation(out, lo, mb, m, ckpt))
-        out.update(per_rank_lists(lo, mb, m, ckpt))
-        # The measured convention (harness/collect/aggregate.py): each memory figure is its own max over ranks,
-        # not the figures of the rank with the highest peak (pipeline stages differ in states and activations).
-        for k in MODEL_STATE_KEYS:
-            out[k] = max(out[f"{k}_per_rank"])
-    return out
+    return details(out, lo, mb, m, ckpt) if detail else out

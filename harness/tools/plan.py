@@ -76,15 +76,10 @@ class Candidate:
 
 def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
-<<<<<<< HEAD
-    from harness.costmodel.estimate import finish, layout
-    from harness.costmodel.inputs import Hardware, Model, Strategy
-=======
     from harness.costmodel.estimate import finish
     from harness.costmodel.inputs import Hardware, Model, Strategy
     from harness.costmodel.layout import layout
     from harness.costmodel.memory_peak import memory_peak
->>>>>>> dcdcf2b (costmodel: estimate.py split into named dataclasses and functions (inputs, layout, dp_comm, compute, step_time, memory_peak; none over 200 lines); predictions unchanged on every strategy family. New: the distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1) and fsdp_accumulate=sharded in memory and dp comm, overlap per mechanism, comm_*_exposed_time_s and allocator_bytes terms, shape-aware GEMM hook; planner checks memory before time)
     from harness.validate import available_strategies
 
     m_cfg, hw_cfg, w = run.model, run.hardware, run.workload

@@ -66,6 +66,15 @@ DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0)}
 DEFAULT_DP_SHARD = "fsdp"
 
 
+# What schema 1 configs said per strategy before this catalog held it: (axes, impl). Only run_id
+# reads it (harness/run/record.py), so records written before keep their run_ids.
+SCHEMA_1_STRATEGY_FIELDS = {
+    "single": ([], ""), "ddp": (["dp"], ""), "zero1": (["dp"], ""), "zero2": (["dp"], "fsdp"),
+    "zero3": (["dp"], "fsdp"), "fsdp": (["dp"], ""), "tp": (["tp"], ""), "pp": (["pp"], ""),
+    "3d": (["dp", "tp", "pp"], "mesh3d"), "ep": (["dp", "ep"], ""),
+}
+
+
 def strategy(name: str) -> StrategyRow:
     if name not in STRATEGIES:
         raise KeyError(f"unknown strategy '{name}'; available: {', '.join(sorted(STRATEGIES))}")

@@ -2,7 +2,7 @@
 
 YAML files in conf/ hold values; these dataclasses hold the schema, so a typo in an override is
 an error, not a silently ignored key. This module imports no torch: the parent process, the cost
-model and `harness.tools.predict` all read it.
+model and `python -m harness.predict` all read it.
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class HardwareConfig:
     achievable_tflops: dict[str, float] = field(default_factory=dict)  # measured matmul rate; falls back to peak
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
-    collectives: dict[str, Any] = field(default_factory=dict)  # calibrated per-collective figures (harness.tools.calibrate)
+    collectives: dict[str, Any] = field(default_factory=dict)  # calibrated per-collective figures (harness.calibrate)
     memory_bw_GBps: float = 0.0  # achievable memory bandwidth of one device, GB/s: memory-bound work (optimizer step, element-wise ops) in the cost model; 0 = not modelled
     compute: dict[str, Any] = field(default_factory=dict)  # shape-aware compute (harness/costmodel/compute.py): gemm.<dtype>.{max_tflops, tile, units | points}, attention_efficiency.<dtype>, op_dispatch_us, allocator_overhead
     precisions: list[str] = field(default_factory=lambda: ["fp32"])  # workload.precision values it can run

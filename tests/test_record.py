@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+from pathlib import Path
 
 from harness.run import record as rec
 
@@ -44,3 +45,29 @@ def test_run_id_ignores_where_results_go():
     b = {"model": {"n_layers": 2}, "results_dir": "y", "logger": {"name": "none"}, "study": "t"}
     c = {"model": {"n_layers": 3}, "results_dir": "x"}
     assert rec.run_id(a) == rec.run_id(b) != rec.run_id(c)
+
+
+def test_records_written_before_the_reorganisation_still_load_and_resume(tmp_path):
+    """A record of schema 1 written before harness/catalog.py (its config still has strategy.axes and
+    strategy.impl, and none of the fields added since) loads, reports, and keeps its run_id: the same
+    config composed today hashes to it, so a resumed study skips it."""
+    import shutil
+
+    from harness.config import as_dict, compose_run
+    from harness.report import write_report
+    from harness.tools.fidelity import table
+
+    src = Path(__file__).parent / "fixtures" / "records" / "pre_catalog.jsonl"
+    old = rec.read(src)
+    assert {r["config"]["strategy"]["name"] for r in old} == {"ddp", "3d"}
+    assert all("axes" in r["config"]["strategy"] for r in old)
+    for r in old:
+        s = r["config"]["strategy"]
+        overrides = [f"strategy={s['name']}", "model=tiny", "workload.steps=2", "workload.warmup_steps=1",
+                     "workload.profile_steps=1", "logger=none"] + [
+            f"parallel.{a}={r['dims'][a]}" for a in ("dp", "tp", "pp") if r["dims"][a] > 1]
+        assert rec.run_id(as_dict(compose_run(overrides))) == r["run_id"], s["name"]
+    shutil.copy(src, tmp_path / "old.jsonl")
+    html = write_report(tmp_path / "old.jsonl", pngs=False)
+    assert "ddp" in html.read_text()
+    assert "ddp dp2" in table(old) and "3d tp2" in table(old)

@@ -35,12 +35,25 @@ def run_id(config: dict) -> str:
     from harness.config import NON_SEMANTIC_KEYS
 
     defaults = _schema_defaults()
-    semantic = {k: v for k, v in flatten(config).items()
+    flat = {**_retired_keys(config), **flatten(config)}
+    semantic = {k: v for k, v in flat.items()
                 if k.split(".")[0] not in NON_SEMANTIC_KEYS and defaults.get(k, _ABSENT) != v}
     return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 _ABSENT = object()
+# Schema fields that left the config for harness/catalog.py, with their old defaults: a config is
+# hashed as the old schema would have hashed it, so studies recorded before keep resuming.
+_RETIRED_DEFAULTS = {"strategy.axes": ["dp"], "strategy.impl": ""}
+
+
+def _retired_keys(config: dict) -> dict:
+    from harness import catalog
+
+    old = catalog.SCHEMA_1_STRATEGY_FIELDS.get((config.get("strategy") or {}).get("name"))
+    if old is None or "axes" in config["strategy"]:
+        return {}
+    return {k: v for k, v in zip(("strategy.axes", "strategy.impl"), old) if v != _RETIRED_DEFAULTS[k]}
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -58,3 +58,16 @@ def test_run_top_hands_the_best_to_the_launcher(tmp_path, capsys):
     recs = records(tmp_path, "plan_test")
     assert len(recs) == 1 and recs[0]["status"] == "ok", recs
     assert recs[0]["predicted"]["step_time_s"] > 0 and recs[0]["measured"]["step_time_s"] > 0
+
+
+def test_spearman_and_distinct_layouts():
+    from harness.tools.plan_check import distinct_layouts, ranks, spearman
+
+    assert ranks([3.0, 1.0, 2.0, 2.0]) == [1.0, 4.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 4, 5]) == pytest.approx(0.9)  # 1 - 6*2/(5*24)
+    cands, _ = search(compose_run(BIG), 1024)
+    top = distinct_layouts(cands, 6)
+    keys = {(c.strategy, tuple(sorted(c.knobs.items())), c.dp, c.tp, c.pp, c.vpp, c.schedule) for c in top}
+    assert len(top) == len(keys) == 6 and top[0] is cands[0]

@@ -4,20 +4,23 @@
         workload.global_batch_size=2048 workload.precision=bf16-mixed
     python -m harness.plan model=small hardware=cpu_calibrated plan.gpus=4 --run-top 2 logger=none
 
-Enumerates every (dp, tp, pp, vpp + schedule, ep, ZeRO stage, micro-batch size, checkpointing) with
+Enumerates every (dp, tp, pp, vpp + schedule, ep, ZeRO stage, sequence parallel when tp > 1,
+micro-batch size, checkpointing) with
 dp*tp*pp = plan.gpus that brigade can run: the global batch is the workload's
 (workload.global_batch_size sequences), so the micro-batch count is m = global / (dp * micro-batch);
 degrees must divide heads, d_ff, layers and experts as harness/validate.py requires; each layout maps
 to an existing strategy (harness/catalog.py strategy_for). Each candidate is evaluated by the same functions
-`harness.tools.predict` uses (harness.costmodel.estimate: `layout` once per parallel layout, then `finish`
-for every micro-batch size and checkpointing mode; maxima only, no per-rank lists), those whose predicted peak memory exceeds the device are dropped, the rest are
+`harness.tools.predict` uses (harness.costmodel: `layout` once per parallel layout, then for every micro-batch size and
+checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima only), the rest are
 ranked by predicted tokens/s. The table says why each wins: its efficiency and what it loses to
 exposed communication and the bubble, its memory headroom, and what separates it from the next one.
 
-`--run-top K` (or plan.run_top=K) hands the best K to the launcher as one sweep: it runs
+`--run-top K` (or plan.run_top=K) hands the best K distinct layouts (each with its best micro-batch
+size and checkpointing) to the launcher as one sweep: it runs
 `python -m harness -m <your overrides> study=<plan study> hydra.sweeper.runs=[[...], ...]`, the
 brigade sweeper's list of runs (hydra_plugins/brigade_sweeper), so each gets a record with its
-measurement beside this prediction. The last line is always
+measurement beside this prediction; then it prints predicted vs measured rank, Spearman's rho and
+whether the predicted best is within 10 % of the measured best (tools/plan_check.py). The last line is always
 `evaluated N configs in S s (R configs/s)`.
 """
 from __future__ import annotations
@@ -48,6 +51,15 @@ def strategy_defaults(name: str) -> dict:
     fields = set(StrategyConfig.__dataclass_fields__) - {"name", "engine", "ds", "schedule"}
     values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml"))
     return {k: v for k, v in values.items() if k in fields}
+
+
+def with_sequence_parallel(knobs: dict, tp: int, model) -> list[dict]:
+    """The layout's knobs, and with tp > 1 also with Megatron's sequence parallelism (what lets TP 4-8
+    hold long sequences: LayerNorm/dropout activations / tp), where validate allows it (dense MLP,
+    seq_len divisible by tp)."""
+    if tp == 1 or model.n_experts or model.seq_len % tp:
+        return [knobs]
+    return [knobs, {**knobs, "sequence_parallel": True}]
 
 
 def divisors(n: int) -> list[int]:
@@ -114,27 +126,28 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                     strat = catalog.strategy_for(dp, tp, pp, ep, zero)
                     if strat is None or strat[0] not in have:
                         continue
-                    for schedule, vpps in schedules:
-                        for vpp in vpps:
-                            if L % (pp * vpp):
-                                continue
-                            st = knobs_for(strat[0], strat[1], schedule)
-                            lo = None
-                            for mb in MICRO_BATCHES:
-                                if gbs % (dp * mb):
+                    for knobs in with_sequence_parallel(strat[1], tp, m_cfg):
+                        for schedule, vpps in schedules:
+                            for vpp in vpps:
+                                if L % (pp * vpp):
                                     continue
-                                m = gbs // (dp * mb)
-                                if lo is None:  # what micro-batching and checkpointing do not change, once
-                                    lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
-                                for ckpt in CHECKPOINTING:
-                                    evaluated += 1
-                                    peak = memory_peak(lo, mb, m, ckpt)  # memory first: no time for what cannot fit
-                                    if peak.peak_bytes > mem_limit:
-                                        oom += 1
+                                st = knobs_for(strat[0], knobs, schedule)
+                                lo = None
+                                for mb in MICRO_BATCHES:
+                                    if gbs % (dp * mb):
                                         continue
-                                    pred = finish(lo, mb, m, ckpt, peak)
-                                    feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
-                                                              strat[0], strat[1], pred))
+                                    m = gbs // (dp * mb)
+                                    if lo is None:  # what micro-batching and checkpointing do not change, once
+                                        lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
+                                    for ckpt in CHECKPOINTING:
+                                        evaluated += 1
+                                        peak = memory_peak(lo, mb, m, ckpt)  # no time for what cannot fit
+                                        if peak.peak_bytes > mem_limit:
+                                            oom += 1
+                                            continue
+                                        pred = finish(lo, mb, m, ckpt, peak)
+                                        feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
+                                                                  strat[0], knobs, pred))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
     return feasible, {"evaluated": evaluated, "oom": oom, "seconds": time.perf_counter() - t0}
 
@@ -178,7 +191,8 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
         nxt = cands[i + 1] if i + 1 < len(cands) else None
         mfu = 100 * flops / p["step_time_s"] / counts["gpus"] / (peak * 1e12) if peak else float("nan")
         sched = c.schedule if c.pp > 1 else ""
-        t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else ""), str(c.dp), str(c.tp), str(c.pp),
+        sp = " +sp" if c.knobs.get("sequence_parallel") else ""
+        t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp, str(c.dp), str(c.tp), str(c.pp),
                   str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
                   why(c, nxt, gib * 1024**3))
@@ -186,22 +200,33 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
 
 
 def run_top(cands: list[Candidate], k: int, overrides: list[str]) -> int:
-    """Hand the best k to the launcher as one brigade sweep (hydra.sweeper.runs)."""
+    """Run the best k distinct layouts as one brigade sweep (hydra.sweeper.runs), then print predicted
+    vs measured rank and Spearman's rho (harness/tools/plan_check.py)."""
     import os
     from pathlib import Path
+
+    from harness.config import compose_run
+    from harness.run.record import read, records_path
+    from harness.tools import plan_check
 
     def quoted(o: str) -> str:
         return "'" + o.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
-    runs = "[" + ",".join("[" + ",".join(quoted(o) for o in c.overrides()) + "]" for c in cands[:k]) + "]"
+    launched = plan_check.distinct_layouts(cands, k)
+    runs = "[" + ",".join("[" + ",".join(quoted(o) for o in c.overrides()) + "]" for c in launched) + "]"
     keep = [o for o in overrides if not o.startswith(("plan.", "strategy", "parallel.", "workload.micro_batch_size",
                                                        "workload.activation_checkpointing", "hydra.sweeper.runs"))]
     if not any(o.startswith("study=") for o in keep):
         keep.append(f"study=plan_{time.strftime('%Y%m%d_%H%M%S')}")
     argv = [sys.executable, "-m", "harness", "-m", *keep, f"hydra.sweeper.runs={runs}"]
     print("running: " + " ".join(argv[1:]), flush=True)
-    repo = Path(__file__).resolve().parent.parent
-    return subprocess.run(argv, cwd=repo, env=dict(os.environ)).returncode
+    repo = Path(__file__).resolve().parents[2]
+    rc = subprocess.run(argv, cwd=repo, env=dict(os.environ)).returncode
+    run = compose_run(keep)
+    path = records_path(Path(repo, run.results_dir) if not Path(run.results_dir).is_absolute() else run.results_dir,
+                        run.study)
+    print(plan_check.report(plan_check.compare(launched, read(path) if path.exists() else [])), flush=True)
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:

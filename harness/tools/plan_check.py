@@ -1,0 +1,94 @@
+"""`plan --run-top K`'s verdict: the planner's ranking of the layouts it ran against the measured one.
+
+After the sweep, each launched candidate is matched to its record (same strategy, degrees, schedule,
+micro-batch size and checkpointing) and the two rankings by tokens/s are compared with Spearman's
+rank correlation (ties get their mean rank; rho = Pearson's r of the ranks), plus whether the
+layout predicted best is within 10 % of the measured best.
+"""
+from __future__ import annotations
+
+WITHIN = 0.10  # the predicted best counts as right if it measures within 10 % of the measured best
+
+
+def layout_key(c) -> tuple:
+    """What makes two candidates the same parallel layout (micro-batching and checkpointing aside)."""
+    return (c.strategy, tuple(sorted(c.knobs.items())), c.dp, c.tp, c.pp, c.vpp, c.ep, c.schedule if c.pp > 1 else "")
+
+
+def distinct_layouts(cands: list, k: int) -> list:
+    """The best candidate of each of the k best distinct layouts, best first."""
+    out, seen = [], set()
+    for c in cands:
+        key = layout_key(c)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+            if len(out) == k:
+                break
+    return out
+
+
+def ranks(xs: list[float]) -> list[float]:
+    """1 = the largest; ties share their mean rank."""
+    order = sorted(range(len(xs)), key=lambda i: -xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for t in range(i, j + 1):
+            out[order[t]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def record_key(r: dict) -> tuple:
+    c = r["config"]
+    s, p, w = c["strategy"], c["parallel"], c["workload"]
+    return (s["name"], p["dp"], p["tp"], p["pp"], p.get("vpp", 1), p.get("ep", 1),
+            s.get("schedule", "") if p["pp"] > 1 else "", w["micro_batch_size"], w["activation_checkpointing"])
+
+
+def candidate_key(c) -> tuple:
+    return (c.strategy, c.dp, c.tp, c.pp, c.vpp, c.ep, c.schedule if c.pp > 1 else "", c.mb, c.ckpt)
+
+
+def compare(launched: list, records: list[dict]) -> dict:
+    """Rows (layout, predicted, measured tokens/s, ranks), rho and the best-within-10 % verdict."""
+    by_key = {record_key(r): r for r in records if r.get("status") == "ok"}
+    rows = []
+    for c in launched:
+        r = by_key.get(candidate_key(c))
+        if r is not None:
+            rows.append({"layout": " ".join(c.overrides()), "predicted": r["predicted"]["tokens_per_s"],
+                         "measured": r["measured"]["tokens_per_s"]})
+    if len(rows) < 2:
+        return {"rows": rows, "rho": float("nan"), "best_within_10pct": None}
+    pred_rank, meas_rank = ranks([x["predicted"] for x in rows]), ranks([x["measured"] for x in rows])
+    for x, a, b in zip(rows, pred_rank, meas_rank):
+        x["predicted_rank"], x["measured_rank"] = a, b
+    best_pred = max(rows, key=lambda x: x["predicted"])
+    best_meas = max(x["measured"] for x in rows)
+    return {"rows": rows, "rho": spearman([x["predicted"] for x in rows], [x["measured"] for x in rows]),
+            "best_within_10pct": best_pred["measured"] >= (1 - WITHIN) * best_meas}
+
+
+def report(result: dict) -> str:
+    lines = [f"{'pred #':>6} {'meas #':>6} {'predicted tok/s':>16} {'measured tok/s':>15}  layout"]
+    for x in sorted(result["rows"], key=lambda x: x.get("predicted_rank", 0)):
+        lines.append(f"{x.get('predicted_rank', 0):>6.1f} {x.get('measured_rank', 0):>6.1f} {x['predicted']:>16,.0f} "
+                     f"{x['measured']:>15,.0f}  {x['layout']}")
+    verdict = {True: "yes", False: "no", None: "n/a"}[result["best_within_10pct"]]
+    lines.append(f"Spearman rho (predicted vs measured rank, {len(result['rows'])} layouts): {result['rho']:.2f}; "
+                 f"predicted best within 10 % of the measured best: {verdict}")
+    return "\n".join(lines)

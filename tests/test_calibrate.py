@@ -20,6 +20,17 @@ def test_alpha_beta_fit_recovers_a_line():
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(bw, rel=1e-6)
 
 
+def test_gemm_sweep_and_dispatch_are_measured():
+    from harness.tools.calibrate_compute import gemm_sweep, op_dispatch_us, ops_per_layer
+
+    sweep = gemm_sweep("fp32", quick=True, reps=1)
+    flops = [f for f, _ in sweep["points"]]
+    assert flops == sorted(flops) and len(flops) == 4
+    assert sweep["max_tflops"] == max(r for _, r in sweep["points"]) > 0
+    assert 0 < op_dispatch_us(50) < 1000
+    assert 50 < ops_per_layer() < 1000  # LayerNorms, 6 linears, SDPA, GELU, adds: forward and backward
+
+
 @pytest.mark.slow
 def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     path = tmp_path / "hardware" / "cpu_quick_test.yaml"
@@ -31,6 +42,7 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     assert prof["name"] == "cpu_quick_test" and prof["device"] == "cpu"
     assert prof["achievable_tflops"]["fp32"] > 0 and prof["achievable_tflops"]["bf16"] > 0
     assert prof["memory_bw_GBps"] > 0
+    assert prof["compute"]["gemm"]["fp32"]["points"] and prof["compute"]["op_dispatch_us"] > 0
     for coll in COLLECTIVES:
         fig = prof["collectives"][coll]["2"]
         assert fig["bus_bw_GBps"] > 0 and fig["latency_us"] >= 0, (coll, fig)

@@ -17,6 +17,8 @@ causal kernel, e.g. FlashAttention), the causal half of flops.py's 4 s h per tok
 fraction of peak; eager attention (scores materialised) runs its batched GEMMs, full count, at the
 GEMM rate of (s, s, h/a) shapes. Element-wise work: traffic.py's bytes / B.
 A profile without a `compute.gemm` entry for the dtype keeps one rate for every FLOP (achievable_tflops).
+Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each (both measured by
+`harness.calibrate` on a CPU; 0 on the GPU profiles, whose kernels launch asynchronously).
 """
 from __future__ import annotations
 
@@ -107,6 +109,9 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         head = sum(gemm_time(curve, *g, pt.act_elem_bytes, bw, pl.slowdown)
                    for g in training_gemms(tokens, md.V / pl.tp, md.h))
         layer = {"none": gemm + core, "selective": gemm + core * 4 / 3, "full": (gemm + core) * 4 / 3}
+    # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
+    dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
+    layer = {c: t + dispatch * (4 / 3 if c == "full" else 1) for c, t in layer.items()}
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
     out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)
     lo.gemm_cache[mb] = out

@@ -35,7 +35,7 @@ class Model:
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
-                 "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "allocator_overhead")
+                 "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -52,6 +52,7 @@ class Hardware:
         self.gemm = {k: GemmCurve.of(v) for k, v in dict(compute.get("gemm") or {}).items()}
         self.attention_efficiency = dict(compute.get("attention_efficiency") or {})
         self.op_dispatch_s = float(compute.get("op_dispatch_us", 0.0)) * 1e-6
+        self.ops_per_layer = int(compute.get("ops_per_layer", 0))
         self.allocator_overhead = float(compute.get("allocator_overhead", 0.0))
         return self
 

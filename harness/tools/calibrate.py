@@ -12,6 +12,8 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
   - matmul rate of one device: an (n x n) @ (n x n) product, 2n^3 FLOP, on one thread (a CPU device
     is one core: launch/local.py runs one thread per rank); fp32, and bf16 briefly (slow where the
     CPU has no bf16 units). The best over repeats -> achievable_tflops.
+  - the GEMM curve and the per-operator dispatch cost (harness/tools/calibrate_compute.py) ->
+    compute.gemm.<dtype>.points and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
   - collectives on gloo, launched with torchrun at 2 and 4 ranks (--quick: 2), message sizes
     4 B ... 64 MB: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv (a ring: each rank
     sends to r+1 and receives from r-1). For a message of S bytes and time t (the slowest rank's,
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from harness.config import CONF_DIR
 from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
+from harness.tools.calibrate_compute import measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
 
@@ -85,7 +88,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
 
     console = console or Console(stderr=True)
     per_run = len(COLLECTIVES) * len(mode["sizes"])
-    steps = 3 + per_run * len(mode["ranks"])
+    steps = 4 + per_run * len(mode["ranks"])
     collectives: dict = {name_: {} for name_ in COLLECTIVES}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
@@ -95,10 +98,12 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         bf16 = matmul_tflops("bf16", mode["bf16_n"], mode["bf16_reps"])
         bar.update(task, advance=1, description="memory bandwidth (triad)")
         mem_bw = triad_GBps(mode["triad_mib"], mode["triad_reps"])
+        bar.update(task, advance=1, description="GEMM sweep, dispatch")
+        compute, compute_source = measure_compute(mode is QUICK)
         bar.update(task, advance=1)
         for i, n in enumerate(mode["ranks"]):
             bar.update(task, description=f"collectives at {n} ranks")
-            base = 3 + i * per_run
+            base = 4 + i * per_run
             res = run_collectives(n, mode["sizes"], mode["budget_s"],
                                   lambda d, t, base=base: bar.update(task, completed=base + d))
             for coll, rows in res["results"].items():
@@ -124,6 +129,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         "inter_node": dict(link),
         "collectives": collectives,
         "memory_bw_GBps": round(mem_bw, 3),
+        "compute": compute,
         "precisions": list(base_hw["precisions"]),
         "source": {
             "calibrated": f"python -m harness.calibrate hardware={base_hw['name']}"
@@ -139,6 +145,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
                             + (f"; raised to the measured rate for {', '.join(raised)} (this CPU is faster than "
                                f"hardware={base_hw['name']} assumes)" if raised else "")),
             "memory_GiB": f"from hardware={base_hw['name']}",
+            **compute_source,
         },
     }
 

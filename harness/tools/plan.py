@@ -122,7 +122,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
             schedules = SCHEDULES_VPP if pp > 1 else ((catalog.DEFAULT_SCHEDULE, (1,)),)
             eps = [e for e in divisors(dp) if E and E % e == 0] if E else [1]
             for ep in eps:
-                for zero in ZERO_STAGES:
+                for zero in ZERO_STAGES[:1] if dp == 1 else ZERO_STAGES:  # nothing to shard over one rank
                     strat = catalog.strategy_for(dp, tp, pp, ep, zero)
                     if strat is None or strat[0] not in have:
                         continue

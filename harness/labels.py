@@ -1,0 +1,125 @@
+"""What a run is called wherever it is shown (table, report, fidelity, run dirs, W&B): its strategy
+and degrees, then what sets it apart from the runs it is shown with.
+
+    ddp dp2                       # a study whose runs differ only in strategy and degrees
+    ddp dp2 ac=full               # ... and one of them checkpoints activations
+    pp pp2 vpp2 zbv_zero_bubble   # the schedule is named whenever the run is a pipeline
+
+In a study the extras are the config values that differ between its runs (`labels`). A run on its
+own (its run dir, its W&B name) has no others to differ from: the extras are the overrides it was
+given (`own_label`). Pure: no torch, no Hydra.
+"""
+from __future__ import annotations
+
+from harness.config import NON_SEMANTIC_KEYS
+
+AXES = ("dp", "tp", "pp", "vpp", "ep")
+# Shown in the base label (strategy, engine, degrees, schedule), never again as an extra.
+IN_BASE = ("strategy.name", "strategy.engine", "strategy.schedule", "strategy.zero_stage", "strategy.axes",
+           "strategy.impl", "parallel.", "study")
+# The keys a reader knows by a short name; "" = the value alone says it (bf16-mixed, gpt2_124m, strong).
+SHORT = {"workload.activation_checkpointing": "ac", "workload.global_batch_size": "batch",
+         "workload.micro_batch_size": "mbs", "workload.num_microbatches": "m", "workload.precision": "",
+         "model.name": "", "hardware.name": "", "series": "", "strategy.sequence_parallel": "sp",
+         "strategy.loss_parallel": "loss_parallel", "strategy.comm_hook": "hook", "strategy.dp_shard": "dp_shard"}
+# A group's other keys differ whenever its option differs (model=small vs tiny): named by the option.
+GROUP_OPTION = {"model": "model.name", "hardware": "hardware.name", "strategy": "strategy.name"}
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def degrees(dims: dict) -> str:
+    """`dp2 tp2 pp2 vpp2`; "1" for a one-device run."""
+    return " ".join(f"{a}{dims[a]}" for a in AXES if (dims.get(a) or 1) > 1) or "1"
+
+
+def _dims(record: dict) -> dict:
+    if record.get("dims"):
+        return record["dims"]
+    par = ((record.get("config") or {}).get("parallel") or {})
+    return {a: par[a] for a in AXES if isinstance(par.get(a), int)}
+
+
+def base_label(record: dict) -> str:
+    """strategy [DeepSpeed ZeRO-n] degrees [schedule]."""
+    s = (record.get("config") or {}).get("strategy") or {}
+    name = record.get("strategy") or s.get("name") or "?"
+    if s.get("engine") == "deepspeed":
+        stage = f" ZeRO-{s['zero_stage']}" if s.get("zero_stage") else ""
+        name += f" (DeepSpeed{stage})"
+    d = _dims(record)
+    parts = [name] + ([degrees(d)] if degrees(d) != "1" else [])
+    if (d.get("pp") or 1) > 1 and s.get("schedule"):
+        parts.append(str(s["schedule"]))
+    return " ".join(parts)
+
+
+def _shown(key: str) -> bool:
+    return key.split(".")[0] not in NON_SEMANTIC_KEYS and not any(
+        key == b or (b.endswith(".") and key.startswith(b)) for b in IN_BASE)
+
+
+def _extra(key: str, value) -> str:
+    short = SHORT.get(key, key.rsplit(".", 1)[-1])
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return f"{short}={value}" if short else str(value)
+
+
+def differing_keys(records: list[dict]) -> list[str]:
+    """Config keys whose values are not the same in every record (in config order). A group's inner
+    keys count only between runs of the same option (model.n_layers between two `small` runs)."""
+    flats = [flatten(r.get("config") or {}) for r in records]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    out = []
+    for k in keys:
+        if not _shown(k):
+            continue
+        option = GROUP_OPTION.get(k.split(".")[0])
+        by_option: dict = {}
+        for f in flats:
+            by_option.setdefault(f.get(option) if option and option != k else None, set()).add(repr(f.get(k)))
+        if any(len(values) > 1 for values in by_option.values()):
+            out.append(k)
+    return out
+
+
+def labels(records: list[dict]) -> list[str]:
+    """One label per record (same order), each with the values that set it apart; a label two
+    different configs would still share gets its run_id's head."""
+    keys = differing_keys(records)
+    out = []
+    for r in records:
+        flat = flatten(r.get("config") or {})
+        extras = [_extra(k, flat[k]) for k in keys if k in flat and flat[k] is not None]
+        out.append(" ".join([base_label(r)] + extras))
+    seen: dict[str, set] = {}
+    for r, lab in zip(records, out):
+        seen.setdefault(lab, set()).add(r.get("run_id"))
+    return [f"{lab} #{str(r.get('run_id'))[:6]}" if len(seen[lab]) > 1 else lab for r, lab in zip(records, out)]
+
+
+def own_label(record: dict, overrides: list[str]) -> str:
+    """A run named on its own: base label plus the overrides it was given that the base does not
+    say (`ddp dp2 ac=full`); the launcher, logger and group options (model=, hardware=) are left out."""
+    extras = []
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if ("." not in key and key not in SHORT) or key.split(".")[0] == "hydra" or not _shown(key):
+            continue
+        extras.append(_extra(key, value))
+    return " ".join([base_label(record)] + extras)
+
+
+def slug(label: str) -> str:
+    """A label as a file or W&B name: `pp-pp2-vpp2-zbv_zero_bubble-ac=full`."""
+    keep = "".join(c if c.isalnum() or c in "_=.-" else "-" for c in label)
+    return "-".join(p for p in keep.split("-") if p)

@@ -178,6 +178,7 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     study: str = "adhoc"  # records go to <results_dir>/<study>.jsonl
+    series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
     results_dir: str = "results"
     allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device
     rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all

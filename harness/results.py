@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import record as rec
+from harness.run import record as rec
 from harness.labels import flatten, labels
 
 

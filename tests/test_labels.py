@@ -12,7 +12,7 @@ def _record(overrides: list[str], tmp_path) -> dict:
     """A real record of a config composed by Hydra and validated, written as not run (status
     invalid, so nothing is launched); its config, dims and run_id are the ones a run would carry."""
     from harness.config import as_dict, to_run_config
-    from harness.job import make_record
+    from harness.run.record import make_record
     from harness.validate import validate
 
     run = to_run_config(compose_config(overrides, tmp_path))
@@ -48,7 +48,7 @@ def test_own_label_and_slug_for_run_dirs_and_wandb(tmp_path):
 
 
 def test_results_load_gives_a_flat_dataframe(tmp_path):
-    from harness.record import append, records_path
+    from harness.run.record import append, records_path
     from harness.results import load
 
     recs = [_record(["model=tiny", "strategy=ddp", "parallel.dp=2"], tmp_path),

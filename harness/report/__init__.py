@@ -1,4 +1,4 @@
-"""The study report: a self-contained HTML visual explainer of the configs a study ran, plus PNGs.
+"""The study report: an HTML visual explainer of the configs a study ran, plus PNGs.
 
     python -m harness.report results/<study>.jsonl      -> results/<study>.html (+ results/<study>_*.png)
 
@@ -74,7 +74,7 @@ def write_report(records_path: str | Path, out_path: str | Path | None = None, p
     html_path = Path(out_path) if out_path else records_path.with_suffix(".html")
     html_path.parent.mkdir(parents=True, exist_ok=True)
     # a reader never sees half a page, and two writers (SLURM array jobs ending together) never share a file
-    write_atomic(html_path, page.build(study))
+    write_atomic(html_path, page.build(study, page.plotly_js(html_path.parent)))
     if pngs:
         write_pngs(study, html_path)
     return html_path

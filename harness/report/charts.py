@@ -18,25 +18,31 @@ MiB = 1024**2
 
 
 def scaling_series(study: Study) -> dict | None:
-    c = scaling.curves(study)
-    worlds = {n for pts in c["by_strategy"].values() for n, *_ in pts}
-    if len(worlds) < 2 or c["baseline"] is None:
-        return None  # one device count: no curve, and a baseline measured against itself says nothing
-    base = c["baseline"]
-    base_per_device = base.m("tokens_per_s") / base.world
-    max_n = max(n for pts in c["by_strategy"].values() for n, *_ in pts)
-    ns = list(range(1, max(max_n, 2) + 1))
-    out = {"strategies": {}, "ideal": {"devices": ns, "tokens_per_s": [base_per_device * n for n in ns]},
-           "fit_all": c["fit_all"], "fits": c["fits"], "baseline_label": base.label}
-    f = c["fit_all"]
-    if f is not None and 0 <= f <= 1:
-        fine = [1 + i * (ns[-1] - 1) / 60 for i in range(61)]
-        out["amdahl"] = {"devices": fine, "tokens_per_s": [base_per_device * scaling.amdahl(f, n) for n in fine],
-                         "efficiency": [scaling.amdahl(f, n) / n for n in fine]}
-    for name, pts in c["by_strategy"].items():
-        out["strategies"][name] = {"devices": [p[0] for p in pts], "tokens_per_s": [p[1] for p in pts],
-                                   "speedup": [p[2] for p in pts], "efficiency": [p[3] for p in pts],
-                                   "run_id": [p[4] for p in pts]}
+    """Per series (report/scaling.py): the measured points, the ideal line from its baseline, and the
+    fitted law's curve; None when no series has two device counts."""
+    found = scaling.series(study)
+    if not found:
+        return None
+    out = {"series": []}
+    for s in found:
+        per_device = s.baseline_tokens_per_s_per_device
+        ns = [p.devices for p in s.points]
+        row = {"name": s.name, "kind": s.kind, "baseline_label": s.baseline_label,
+               "devices": ns, "tokens_per_s": [p.tokens_per_s for p in s.points],
+               "speedup": [p.speedup for p in s.points], "efficiency": [p.efficiency for p in s.points],
+               "karp_flatt": [p.karp_flatt for p in s.points], "run_id": [p.run_id for p in s.points],
+               "labels": [p.label for p in s.points],
+               "ideal": {"devices": [ns[0], ns[-1]], "tokens_per_s": [per_device * ns[0], per_device * ns[-1]]},
+               "fit": None}
+        if s.fit is not None:
+            f = s.fit
+            fine = [ns[0] + i * (ns[-1] - ns[0]) / 60 for i in range(61)]
+            row["fit"] = {"law": f.law, "serial_fraction": f.serial_fraction, "rms_residual": f.rms_residual,
+                          "n_points": f.n_points, "devices": fine,
+                          "tokens_per_s": [per_device * f.speedup(n) for n in fine],
+                          "efficiency": [f.speedup(n) / n for n in fine]}
+        out["series"].append(row)
+    out["max_devices"] = max(n for row in out["series"] for n in row["devices"])
     return out
 
 

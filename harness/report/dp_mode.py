@@ -79,9 +79,19 @@ def _panel(study: Study, run: Run, wid: str) -> str:
             f"a square fills as the chunk sums more ranks' gradients and turns solid when it holds the sum of all "
             f"{n}.</p></div>")
     body.append("<h4>Bytes each rank sends per step (dp axis)</h4>")
-    rows = [["gradient bytes per rank (G)", esc(nbytes(grads_meas)), esc(nbytes(grads_pred, "not predicted")), ""],
+    # G in the formulas is the full (unsharded) gradient of the rank's parameters; under ZeRO-2/3 a rank
+    # holds only a 1/N shard of it, shown apart so the formula's G is never the shard
+    rows = [["full gradient bytes per rank (G, unsharded)", num_span(nbytes(g_full, "-"), "dp-grad-full"), "",
+             esc(source or "")]]
+    if stage >= 2:
+        rows.append([f"gradient shard held per rank (G/N, {esc(ZERO_NAMES[stage])})", esc(nbytes(grads_meas)),
+                     esc(nbytes(grads_pred, "not predicted")), "what the rank holds after the reduce-scatter"])
+    else:
+        rows[0][1:3] = [num_span(nbytes(grads_meas if grads_meas is not None else g_full), "dp-grad-full"),
+                        esc(nbytes(grads_pred, "not predicted"))]
+    rows += [
             [f"ring formula {'3' if stage == 3 else '2'}(N-1)/N x G, N = {n}", num_span(nbytes(formula, "-"), "dp-bytes-formula"),
-             "", esc(source or "")],
+             "", "G above"],
             ["all dp collectives", num_span(nbytes(meas_bytes), "dp-bytes-measured"),
              num_span(nbytes(pred_bytes, "not predicted"), "dp-bytes-predicted"),
              "measured: flight recorder counts of the profiled steps; predicted: cost model"]]

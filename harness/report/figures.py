@@ -17,28 +17,33 @@ def to_json(fig: go.Figure) -> str:
 
 
 def scaling(series: dict) -> tuple[go.Figure, go.Figure]:
+    """Throughput and efficiency vs devices: one colour per series, its ideal line dashed, its fitted
+    law dotted."""
     tput, eff = go.Figure(), go.Figure()
-    ideal = series["ideal"]
-    tput.add_trace(go.Scatter(x=ideal["devices"], y=ideal["tokens_per_s"], mode="lines", name="ideal (linear)",
-                              line=dict(dash="dash", color="#888")))
-    eff.add_trace(go.Scatter(x=ideal["devices"], y=[100.0] * len(ideal["devices"]), mode="lines",
-                             name="ideal (100%)", line=dict(dash="dash", color="#888")))
-    if "amdahl" in series:
-        a, f = series["amdahl"], series["fit_all"]
-        name = f"Amdahl fit, serial fraction f = {f:.3f}"
-        tput.add_trace(go.Scatter(x=a["devices"], y=a["tokens_per_s"], mode="lines", name=name,
-                                  line=dict(dash="dot", color="#333")))
-        eff.add_trace(go.Scatter(x=a["devices"], y=[100 * e for e in a["efficiency"]], mode="lines", name=name,
-                                 line=dict(dash="dot", color="#333")))
-    for i, (name, s) in enumerate(series["strategies"].items()):
+    for i, s in enumerate(series["series"]):
         colour = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
+        name = f"{s['name']} ({s['kind']})"
+        tput.add_trace(go.Scatter(x=s["ideal"]["devices"], y=s["ideal"]["tokens_per_s"], mode="lines",
+                                  name=f"{name}: ideal", line=dict(dash="dash", color=colour, width=1)))
         tput.add_trace(go.Scatter(x=s["devices"], y=s["tokens_per_s"], mode="lines+markers", name=name,
+                                  text=s["labels"], hovertemplate="%{text}<br>%{y:.0f} tokens/s<extra></extra>",
                                   line=dict(color=colour), marker=dict(size=9)))
         eff.add_trace(go.Scatter(x=s["devices"], y=[100 * e for e in s["efficiency"]], mode="lines+markers",
-                                 name=name, line=dict(color=colour), marker=dict(size=9)))
-    tput.update_layout(**LAYOUT, title="Throughput vs devices", xaxis_title="devices (world size)",
+                                 name=name, text=s["labels"], hovertemplate="%{text}<br>%{y:.1f} %<extra></extra>",
+                                 line=dict(color=colour), marker=dict(size=9)))
+        if s["fit"]:
+            f = s["fit"]
+            fit_name = f"{s['name']}: {f['law']} fit, f = {f['serial_fraction']:.3f}"
+            tput.add_trace(go.Scatter(x=f["devices"], y=f["tokens_per_s"], mode="lines", name=fit_name,
+                                      line=dict(dash="dot", color=colour)))
+            eff.add_trace(go.Scatter(x=f["devices"], y=[100 * e for e in f["efficiency"]], mode="lines",
+                                     name=fit_name, line=dict(dash="dot", color=colour)))
+    ns = list(range(1, series["max_devices"] + 1))
+    eff.add_trace(go.Scatter(x=ns, y=[100.0] * len(ns), mode="lines", name="ideal (100 %)",
+                             line=dict(dash="dash", color="#888")))
+    tput.update_layout(**LAYOUT, title="Throughput vs devices, per series", xaxis_title="devices (world size)",
                        yaxis_title="tokens/s")
-    eff.update_layout(**LAYOUT, title=f"Scaling efficiency vs devices (baseline: {series['baseline_label']})",
+    eff.update_layout(**LAYOUT, title="Scaling efficiency vs devices, per series (each against its smallest run)",
                       xaxis_title="devices (world size)", yaxis_title="efficiency %")
     for fig in (tput, eff):
         fig.update_xaxes(dtick=1)

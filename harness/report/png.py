@@ -28,23 +28,25 @@ def scaling(series: dict | None, path: Path) -> Path | None:
     if not series:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ideal = series["ideal"]
-    a.plot(ideal["devices"], ideal["tokens_per_s"], "--", color="#888", label="ideal (linear)")
-    b.plot(ideal["devices"], [100] * len(ideal["devices"]), "--", color="#888", label="ideal")
-    if "amdahl" in series:
-        am, f = series["amdahl"], series["fit_all"]
-        a.plot(am["devices"], am["tokens_per_s"], ":", color="#333", label=f"Amdahl f = {f:.3f}")
-        b.plot(am["devices"], [100 * e for e in am["efficiency"]], ":", color="#333", label=f"Amdahl f = {f:.3f}")
-    for i, (name, s) in enumerate(series["strategies"].items()):
+    for i, s in enumerate(series["series"]):
         c = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
+        name = f"{s['name']} ({s['kind']})"
+        a.plot(s["ideal"]["devices"], s["ideal"]["tokens_per_s"], "--", color=c, lw=1)
         a.plot(s["devices"], s["tokens_per_s"], "o-", color=c, label=name)
         b.plot(s["devices"], [100 * e for e in s["efficiency"]], "o-", color=c, label=name)
-    a.set(title="Throughput vs devices", xlabel="devices", ylabel="tokens/s")
-    b.set(title="Scaling efficiency", xlabel="devices", ylabel="efficiency %")
+        if s["fit"]:
+            f = s["fit"]
+            fit_name = f"{f['law']} f = {f['serial_fraction']:.3f}"
+            a.plot(f["devices"], f["tokens_per_s"], ":", color=c, label=fit_name)
+            b.plot(f["devices"], [100 * e for e in f["efficiency"]], ":", color=c, label=fit_name)
+    ns = list(range(1, series["max_devices"] + 1))
+    b.plot(ns, [100] * len(ns), "--", color="#888", label="ideal")
+    a.set(title="Throughput vs devices (dashed: ideal)", xlabel="devices", ylabel="tokens/s")
+    b.set(title="Scaling efficiency per series", xlabel="devices", ylabel="efficiency %")
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        ax.set_xticks(ideal["devices"])
+        ax.set_xticks(ns)
     return _save(fig, path)
 
 

@@ -72,7 +72,8 @@ def _panel(study: Study, run: Run, figs) -> str:
     grid = []
     if pred:
         grid.append(figs.div(figures.to_json(figures.gantt(
-            pred, f"Predicted: {sched}, {p} stages x {m} micro-batches (F = 1, B = 2 units)", "time (F = 1 unit)")),
+            pred, f"Predicted: {sched}, {p * v} stages on {p} ranks x {m} micro-batches (F = 1, B = 2 units)"
+            if v > 1 else f"Predicted: {sched}, {p} stages x {m} micro-batches (F = 1, B = 2 units)", "time (F = 1 unit)")),
             "pp-pred"))
     if meas:
         grid.append(figs.div(figures.to_json(figures.gantt(

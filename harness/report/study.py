@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import catalog, rundir
+from harness.labels import base_label, degrees, labels
 from harness.run import record as rec
 
 AXES = ("dp", "tp", "pp", "ep")
@@ -25,6 +26,10 @@ def _number(x):
 @dataclass
 class Run:
     r: dict
+    label: str = ""  # what the page calls it: set from the whole study by load() (harness/labels.py)
+
+    def __post_init__(self):
+        self.label = self.label or base_label(self.r)
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -74,18 +79,12 @@ class Run:
 
     @property
     def degrees(self) -> str:
-        from harness.run.table import degrees
-
         return degrees(self.dims)
 
     @property
-    def label(self) -> str:
-        engine = " (DeepSpeed)" if self.engine == "deepspeed" else ""
-        stage = self.cfg("strategy", "zero_stage", default=0)
-        zero = f" ZeRO-{stage}" if self.engine == "deepspeed" and stage else ""
-        sched = f" {self.cfg('strategy', 'schedule')}" if self.dims["pp"] > 1 else ""
-        degrees = f" {self.degrees}" if self.degrees != "1" else ""
-        return f"{self.strategy}{engine}{zero}{degrees}{sched}"
+    def series(self) -> str:
+        """The scaling series the study put this run in ("" = none named: report/scaling.py groups it)."""
+        return str(self.r.get("config", {}).get("series") or "")
 
     @property
     def measured(self) -> dict:
@@ -223,15 +222,15 @@ def load(path: str | Path) -> Study:
     records = rec.read(path)
     latest = rec.latest_by_run_id([r for r in records if isinstance(r, dict) and "run_id" in r])
     order = list(dict.fromkeys(r["run_id"] for r in records if isinstance(r, dict) and "run_id" in r))
-    runs = [Run(latest[i]) for i in order]
+    runs = [Run(latest[i], lab) for i, lab in zip(order, labels([latest[i] for i in order]))]
     name = next((r.r.get("study") for r in runs if r.r.get("study")), None) or path.stem
     return Study(name=name, path=path, runs=runs)
 
 
 # -- which run each mode explains -------------------------------------------------------------------
-def candidates(study: Study, mode: str, limit: int = 6) -> list[Run]:
-    """Runs that use the mode's axis, best first: ok before not ok, the purest use of the axis
-    (fewest other axes), then the largest degree."""
+def candidates(study: Study, mode: str) -> list[Run]:
+    """Every run that uses the mode's axis (the page's picker offers them all), best first: ok before
+    not ok, the purest use of the axis (fewest other axes), then the largest degree."""
     runs = study.runs
     if mode == "dp":
         use = [r for r in runs if r.uses("dp")]
@@ -249,7 +248,7 @@ def candidates(study: Study, mode: str, limit: int = 6) -> list[Run]:
         raise ValueError(mode)
     # an invalid record has not run, so it explains nothing beyond its error: ok and failed runs only
     use = [r for r in use if r.status != "invalid" and r.r.get("dims")]
-    return sorted(use, key=key)[:limit]
+    return sorted(use, key=key)
 
 
 def command_for(study: Study, mode: str) -> str:

@@ -34,24 +34,46 @@ def runs_table(study: Study) -> str:
 def scaling_view(study: Study, figs) -> tuple[str, dict | None]:
     series = charts.scaling_series(study)
     if not series:
-        return notice("Scaling: not measured (needs ok runs at two or more device counts, e.g. single and ddp dp=2)."), None
+        return notice("Scaling: not measured (needs ok runs of one series at two or more device counts, e.g. "
+                      "single and ddp dp=2)."), None
     tput, eff = figures.scaling(series)
-    f = series["fit_all"]
-    if f is None:
-        fit_txt = "Amdahl fit: needs a run on more than one device."
-    elif f > 1:
-        fit_txt = (f"Amdahl fit: f = {num_span(f'{f:.3f}', 'amdahl-f')}, above 1: the multi-device runs were slower "
-                   "than one device (on a small CPU, ranks beyond the core count time-share), which Amdahl's law "
-                   "cannot describe.")
-    else:
-        fit_txt = (f"Amdahl fit over all strategies: serial fraction f = {num_span(f'{f:.3f}', 'amdahl-f')}, so "
-                   f"no number of devices can give more than {num(1 / f) if f > 0 else 'unbounded'}x "
-                   f"(S(N) = 1 / (f + (1-f)/N)).")
-    per = "; ".join(f"{esc(k)}: f = {v:.3f}" for k, v in series["fits"].items() if v is not None)
+    rows = []
+    for s in series["series"]:
+        for i, n in enumerate(s["devices"]):
+            kf = s["karp_flatt"][i]
+            rows.append([esc(s["name"]), esc(s["kind"]), esc(s["labels"][i]), str(n), esc(rate(s["tokens_per_s"][i])),
+                         f"{s['speedup'][i]:.2f}x", esc(pct(100 * s["efficiency"][i])),
+                         "-" if kf is None else f"{kf:.3f}"])
     html = ('<div class="grid2">' + figs.div(figures.to_json(tput), "scaling-tput")
             + figs.div(figures.to_json(eff), "scaling-eff") + "</div>"
-            + f"<p>{fit_txt}" + (f" Per strategy: {per}." if per else "") + "</p>")
+            + table(["series", "kind", "run", "devices", "tokens/s", "speed-up", "efficiency", "Karp-Flatt e"],
+                    rows, "scaling-table", 'id="scaling-table"')
+            + "<ul>" + "".join(f"<li>{_fit_sentence(s)}</li>" for s in series["series"]) + "</ul>"
+            + '<p class="small">Speed-up S = tokens/s over the series\' smallest run\'s tokens/s per device; '
+              "efficiency S/N. Strong scaling (same global batch): Amdahl S(N) = 1 / (f + (1-f)/N); the "
+              "Karp-Flatt metric e = (1/S - 1/N) / (1 - 1/N) is the serial fraction each point implies (rising "
+              "e with N: overhead that grows with N, not a fixed serial part). Weak scaling (same batch per "
+              "device): Gustafson S(N) = N - f (N-1). Fits need 3 device counts; the residual is the RMS of "
+              "measured minus fitted speed-up.</p>")
     return html, series
+
+
+def _fit_sentence(s: dict) -> str:
+    name = f"<b>{esc(s['name'])}</b> ({esc(s['kind'])} scaling, baseline {esc(s['baseline_label'])})"
+    f = s["fit"]
+    if s["kind"] == "mixed":
+        return f"{name}: neither the global batch nor the batch per device is the same in all its runs; no law fitted."
+    if f is None:
+        return f"{name}: {len(s['devices'])} device counts; a fit needs 3."
+    fv, res = f["serial_fraction"], f["rms_residual"]
+    txt = (f"{name}: {f['law']} fit over {f['n_points']} points, serial fraction "
+           f"f = {num_span(f'{fv:.3f}', 'fit-' + s['name'])}, residual {res:.3f}x RMS")
+    if fv > 1 or fv < 0:
+        return txt + (": outside 0-1, the runs did not scale the way the law assumes (slower with more devices: "
+                      "on a small CPU, ranks beyond the core count time-share).")
+    if f["law"] == "Amdahl":
+        return txt + f"; no number of devices can give more than {num(1 / fv) if fv > 0 else 'unbounded'}x."
+    return txt + f"; each added device adds {num(1 - fv)} of a device's work."
 
 
 def memory_view(study: Study, figs) -> tuple[str, dict | None]:

@@ -1,6 +1,6 @@
 """The study summary as one W&B run in the study's group (job_type "summary"), beside the per-run runs:
 the runs table (measured, predicted, ratio), scaling / memory / comm tables with W&B plots on them,
-the failed runs, the PNG charts, and the Amdahl fit in the run summary.
+the failed runs, the PNG charts, and each scaling series' fit in the run summary.
 
 Same discipline as harness/run/wandb_log.py: offline unless told otherwise (WANDB_MODE wins), every file
 under <results_dir>/runs/<study>/_summary/, and a W&B failure is printed and swallowed (the HTML
@@ -24,23 +24,24 @@ def summary_dir(records_path: Path, study: str) -> Path:
 
 def tables(study) -> dict[str, tuple[list[str], list[list]]]:
     """Plain (columns, rows) for each W&B table, so they can be checked without W&B."""
-    runs_cols = ["run_id", "strategy", "engine", "status", "degrees", "world_size"]
+    runs_cols = ["run_id", "run", "strategy", "engine", "status", "degrees", "world_size"]
     metrics = ("step_time_s", "tokens_per_s", "mfu_pct", "model_states_bytes", "comm_share_pct", "bubble_pct")
     for k in metrics:
         runs_cols += [f"measured_{k}", f"predicted_{k}", f"ratio_{k}"]
     runs_cols.append("error")
     runs_rows = []
     for r in study.runs:
-        row = [r.run_id, r.strategy, r.engine, r.status, r.degrees, r.world]
+        row = [r.run_id, r.label, r.strategy, r.engine, r.status, r.degrees, r.world]
         for k in metrics:
             m, p = r.m(k), r.p(k)
             row += [m, p, (m / p) if m is not None and p else None]
         row.append(r.r.get("error"))
         runs_rows.append(row)
     out = {"runs": (runs_cols, runs_rows)}
-    c = scaling.curves(study)
-    out["scaling"] = (["strategy", "devices", "tokens_per_s", "speedup", "efficiency", "run_id"],
-                      [[name, n, t, s, e, rid] for name, pts in c["by_strategy"].items() for n, t, s, e, rid in pts])
+    out["scaling"] = (["series", "kind", "run", "devices", "tokens_per_s", "speedup", "efficiency", "karp_flatt",
+                       "run_id"],
+                      [[s.name, s.kind, p.label, p.devices, p.tokens_per_s, p.speedup, p.efficiency, p.karp_flatt,
+                        p.run_id] for s in scaling.series(study) for p in s.points])
     mem = charts.memory_series(study)
     mem_rows = []
     if mem:
@@ -87,9 +88,9 @@ def log_summary(records_path: str | Path, html_path: str | Path | None = None, m
             logged[f"{name}_table"] = wandb.Table(columns=cols, data=rows)
         t = logged["scaling_table"]
         if t.data:
-            logged["scaling_tokens_per_s"] = wandb.plot.line(t, "devices", "tokens_per_s", stroke="strategy",
+            logged["scaling_tokens_per_s"] = wandb.plot.line(t, "devices", "tokens_per_s", stroke="series",
                                                              title="tokens/s vs devices")
-            logged["scaling_efficiency"] = wandb.plot.line(t, "devices", "efficiency", stroke="strategy",
+            logged["scaling_efficiency"] = wandb.plot.line(t, "devices", "efficiency", stroke="series",
                                                            title="scaling efficiency vs devices")
         ok = wandb.Table(columns=["run", "measured_model_states_MiB", "measured_step_time_s"],
                          data=[[r.label, (r.m("model_states_bytes") or 0) / 2**20, r.m("step_time_s")]
@@ -103,9 +104,11 @@ def log_summary(records_path: str | Path, html_path: str | Path | None = None, m
                 if path.exists():
                     logged[f"chart_{key}"] = wandb.Image(str(path))
         run.log(logged)
-        c = scaling.curves(study)
+        fits = {f"fit/{s.name}/{k}": v for s in scaling.series(study) if s.fit
+                for k, v in (("law", s.fit.law), ("serial_fraction", s.fit.serial_fraction),
+                             ("rms_residual", s.fit.rms_residual))}
         counts = {s: sum(r.status == s for r in study.runs) for s in ("ok", "invalid", "failed", "timeout", "oom")}
-        run.summary.update({"amdahl_serial_fraction": c["fit_all"], "n_runs": len(study.runs),
+        run.summary.update({**fits, "n_runs": len(study.runs),
                             **{f"n_{k}": v for k, v in counts.items()},
                             "report_html": str(html_path) if html_path else None})
         where = str(Path(run.dir).parent)

@@ -22,6 +22,8 @@ SHORT = {"workload.activation_checkpointing": "ac", "workload.global_batch_size"
          "workload.micro_batch_size": "mbs", "workload.num_microbatches": "m", "workload.precision": "",
          "model.name": "", "hardware.name": "", "series": "", "strategy.sequence_parallel": "sp",
          "strategy.loss_parallel": "loss_parallel", "strategy.comm_hook": "hook", "strategy.dp_shard": "dp_shard"}
+# How long a run is measured, not what it is: left out of a run's own label (its run dir, W&B name).
+MEASUREMENT_LENGTH = ("workload.warmup_steps", "workload.steps", "workload.profile_steps", "launcher.timeout_s")
 # A group's other keys differ whenever its option differs (model=small vs tiny): named by the option.
 GROUP_OPTION = {"model": "model.name", "hardware": "hardware.name", "strategy": "strategy.name"}
 
@@ -85,8 +87,9 @@ def differing_keys(records: list[dict]) -> list[str]:
             continue
         option = GROUP_OPTION.get(k.split(".")[0])
         by_option: dict = {}
-        for f in flats:
-            by_option.setdefault(f.get(option) if option and option != k else None, set()).add(repr(f.get(k)))
+        for f in flats:  # a record without the key (a config that never composed, an older schema) says nothing
+            if k in f:
+                by_option.setdefault(f.get(option) if option and option != k else None, set()).add(repr(f[k]))
         if any(len(values) > 1 for values in by_option.values()):
             out.append(k)
     return out
@@ -109,11 +112,13 @@ def labels(records: list[dict]) -> list[str]:
 
 def own_label(record: dict, overrides: list[str]) -> str:
     """A run named on its own: base label plus the overrides it was given that the base does not
-    say (`ddp dp2 ac=full`); the launcher, logger and group options (model=, hardware=) are left out."""
+    say (`ddp dp2 ac=full`); the launcher, logger, group options (model=, hardware=) and how many
+    steps are measured are left out."""
     extras = []
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
-        if ("." not in key and key not in SHORT) or key.split(".")[0] == "hydra" or not _shown(key):
+        if (("." not in key and key not in SHORT) or key.split(".")[0] == "hydra" or key in MEASUREMENT_LENGTH
+                or not _shown(key)):
             continue
         extras.append(_extra(key, value))
     return " ".join([base_label(record)] + extras)

@@ -133,8 +133,6 @@ def _wandb_run_record(record: dict):
 
 
 def test_two_configs_then_resume(slurm_cluster, results, single_reference):
-    from harness.run.wandb_log import run_name
-
     args = ["-m", "launcher=slurm", *SLURM_FAST, "logger=wandb", "study=slurm2",
             "hydra.sweeper.runs=[['strategy=single'],['strategy=ddp','parallel.dp=2']]"]
     p = cli(args, results, timeout=420)
@@ -152,9 +150,10 @@ def test_two_configs_then_resume(slurm_cluster, results, single_reference):
     for r in (single, ddp):
         assert r["env"]["slurm_job"] and r["run_dir"].endswith(f".slurm{r['env']['slurm_job']}")
         assert r["config"]["launcher"]["name"] == "slurm"
-        # W&B: one group per study, the run named for strategy and degrees, job type slurm.
+        # W&B: one group per study, the run named for what it is (its label), job type slurm.
         w = _wandb_run_record(r)
-        assert (w.run_group, w.job_type, w.display_name) == ("slurm2", "slurm", run_name(r))
+        assert (w.run_group, w.job_type, w.display_name) == ("slurm2", "slurm", r["wandb"]["name"])
+        assert w.display_name == ("ddp dp2" if r["strategy"] == "ddp" else "single")
 
     # Re-running the study submits no job and appends no record for configs already done.
     jobs_before = slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split()

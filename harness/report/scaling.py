@@ -137,7 +137,8 @@ def _groups(study) -> dict[str, list]:
                 and b.cfg("model", "name") == runs[0].cfg("model", "name")
                 and b.cfg("workload", "global_batch_size") == runs[0].cfg("workload", "global_batch_size")]
         if same:
-            runs.insert(0, min(same, key=lambda b: (b.strategy != "single", b.run_id)))
+            # the run with no parallel axis at all (the reference strategy) before a dp strategy at 1
+            runs.insert(0, min(same, key=lambda b: (len(b.cfg("strategy", "axes", default=[]) or []), b.run_id)))
     # a series that is only some other series' baseline is not a curve of its own
     shown = {id(r) for n, runs in groups.items() for r in runs if len(runs) > 1}
     return {n: runs for n, runs in groups.items() if len(runs) > 1 or id(runs[0]) not in shown}

@@ -207,7 +207,7 @@ class Study:
 
     def baseline(self, run: Run) -> Run | None:
         """The run that scaling is measured against for `run`: an ok one-device run of the same model
-        and global batch (single first), else the smallest ok run of that model."""
+        and global batch (a strategy with no parallel axis first), else the smallest ok run of that model."""
         same = [r for r in self.ok_runs if r.cfg("model", "name") == run.cfg("model", "name")
                 and r.cfg("workload", "global_batch_size") == run.cfg("workload", "global_batch_size")
                 and r.m("tokens_per_s")]

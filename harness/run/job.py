@@ -25,6 +25,7 @@ from harness.rundir import write_atomic
 from harness.run import record as rec
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
+from harness.labels import base_label, own_label, slug
 
 # Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -94,7 +95,8 @@ def run_job(cfg: DictConfig) -> dict:
         record = rec.make_record(config, run, dims_or_none, "invalid", str(e))
         return _finish(record, run.results_dir, run, None)
 
-    name = f"{run.strategy.name}-{dims.label()}-{rec.run_id(config)}"
+    label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
+    name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
     slurm_job = _slurm_job(run)
     # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
     # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
@@ -102,11 +104,18 @@ def run_job(cfg: DictConfig) -> dict:
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
-    status, error, measured, env = _launch_and_collect(run, dims, run_dir)
+    status, error, measured, env = _launch_and_collect(run, dims, run_dir, label)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
     record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
-    return _finish(record, run.results_dir, run, run_dir)
+    return _finish(record, run.results_dir, run, run_dir, label)
+
+
+def _task_overrides() -> list[str]:
+    """The overrides this job was given (command line and study run), [] outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
@@ -116,13 +125,13 @@ def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
         return None
 
 
-def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path):
+def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str):
     import importlib
 
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
     log_path = run_dir / rundir.WORKERS_LOG
     progress_file = run_dir / rundir.PROGRESS
-    with _progress(f"{run.strategy.name} {dims.label()}") as (bar, task):
+    with _progress(label) as (bar, task):
         def on_poll():
             try:
                 done, total = map(int, progress_file.read_text().split())
@@ -170,7 +179,7 @@ def _tail(path: Path, n: int = 15) -> str:
     return " | ".join(l for l in lines[-n:] if l.strip())[-2000:]
 
 
-def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None) -> dict:
+def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None, label: str = "") -> dict:
     if run is not None and _slurm_job(run):
         from launch.slurm import task_rank
 
@@ -180,25 +189,40 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
     if log_wandb:
         from harness.run.wandb_log import run_identity
 
-        record["wandb"] = run_identity(record, run_dir, run.logger)  # known before logging: written with the record
+        record["wandb"] = run_identity(record, run_dir, run.logger, label)  # known before logging: written with the record
     rec.append(rec.records_path(results_dir, record["study"]), record)  # the record first: W&B can never lose it
     if log_wandb:
         from harness.run.wandb_log import log_record
 
         log_record(record, run_dir, run.logger, job_type=run.launcher.name)
-    _print_summary(record)
+    _print_summary(record, label or base_label(record))
+    if "BRIGADE_SWEEP_TOTAL" not in os.environ:  # one run, no sweep: it ends here, so say where things are
+        _single_run_ending(record, results_dir, run_dir, label or base_label(record))
     return record
 
 
-def _print_summary(record: dict) -> None:
-    from harness.run.table import degrees
-
+def _print_summary(record: dict, label: str) -> None:
     style = {"ok": "green", "invalid": "yellow"}.get(record["status"], "red")
     m = record.get("measured") or {}
     detail = (f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
               if record["status"] == "ok" else escape((record.get("error") or "")[:300]))
-    console.print(f"[{style}]{record['status']:>7}[/] {record['strategy']} {degrees(record.get('dims') or {})} "
-                  f"[dim]{record['run_id']}[/] {detail}")
+    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)} [dim]{record['run_id']}[/] {detail}")
+
+
+def _single_run_ending(record: dict, results_dir: str, run_dir: Path | None, label: str) -> None:
+    """The end of a run started without -m: its one-row table, the record, the run dir and W&B run."""
+    from harness.run.table import print_table
+
+    print_table([record], f"run {record['run_id']}", console, names=[label])
+    console.print(f"record: {rec.records_path(results_dir, record['study'])} (run_id {record['run_id']})")
+    if run_dir is not None:
+        console.print(f"run dir: {run_dir}")
+    w = record.get("wandb")
+    if w:
+        console.print(f"W&B: {w['mode']} run '{w['name']}' (id {w['id']}, group {w['group']}) in {w['dir']}"
+                      + (" (upload later with `wandb sync <dir>/offline-run-*`)" if w["mode"] == "offline" else ""))
+    console.print(f"report: none for one run (`python -m harness.report {rec.records_path(results_dir, record['study'])}` "
+                  "draws the runs in that file)")
 
 
 class _progress:

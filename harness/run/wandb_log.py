@@ -3,14 +3,22 @@
 Offline unless the user says otherwise (WANDB_MODE wins over logger.mode); every W&B file lives under
 the run directory (WANDB_DIR and friends), nothing in the home directory. A W&B failure is reported
 and swallowed: the local record is written first and never depends on W&B.
+
+Identity: the run id is unique per attempt (study, run_id and a random part), so W&B runs from two
+results dirs or machines synced into one project never collide; the group is the study, and for
+ad-hoc runs (no study named) the invocation, so each `brigade ...` command is its own group.
 """
 from __future__ import annotations
 
 import os
 import re
+import time
+import uuid
 from pathlib import Path
 
 from harness.run.record import flatten
+
+ADHOC = "adhoc"  # the study of runs started without one (RunConfig.study's default)
 
 
 def _scalars(d: dict) -> dict:
@@ -25,24 +33,28 @@ def wandb_env(run_dir: Path, mode: str) -> dict[str, str]:
             "WANDB_DISABLE_GIT": "true"}
 
 
-def run_name(record: dict) -> str:
-    from harness.run.table import degrees
-
-    engine = (record.get("config") or {}).get("strategy", {}).get("engine", "torch")
-    prefix = "ds-" if engine == "deepspeed" else ""
-    return f"{prefix}{record['strategy']}-{degrees(record.get('dims') or {})}-{record['run_id'][:6]}"
+def invocation() -> str:
+    """This `brigade` command: one id for every job it starts (set once in the parent; SLURM jobs
+    inherit it through the environment sbatch exports)."""
+    return os.environ.setdefault("BRIGADE_INVOCATION", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
-def run_identity(record: dict, run_dir: Path, logger_cfg) -> dict:
-    """The W&B run this record is logged as: unique per study and attempt (run_dir's name)."""
-    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{record['study']}-{Path(run_dir).name}")[-64:]
-    return {"id": run_id, "project": logger_cfg.project, "group": record["study"], "name": run_name(record),
+def group(study: str) -> str:
+    """The W&B group: the study, or `adhoc-<invocation>` for runs started without one."""
+    return f"{ADHOC}-{invocation()}" if study == ADHOC else study
+
+
+def run_identity(record: dict, run_dir: Path, logger_cfg, name: str) -> dict:
+    """The W&B run this record is logged as, named `name` (its label: harness/labels.py)."""
+    attempt = uuid.uuid4().hex[:8]
+    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{record['study'][:30]}-{record['run_id']}-{attempt}")
+    return {"id": run_id, "project": logger_cfg.project, "group": group(record["study"]), "name": name,
             "mode": os.environ.get("WANDB_MODE", logger_cfg.mode), "dir": str(Path(run_dir) / "wandb")}
 
 
 def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> bool:
     """Log one record as a W&B run (identity from record["wandb"]). False if logging failed."""
-    ident = record.get("wandb") or run_identity(record, run_dir, logger_cfg)
+    ident = record.get("wandb") or run_identity(record, run_dir, logger_cfg, Path(run_dir).name)
     os.environ.update(wandb_env(run_dir, logger_cfg.mode))
     try:
         import wandb

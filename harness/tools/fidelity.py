@@ -5,21 +5,12 @@ from __future__ import annotations
 import sys
 
 from harness.collect.fidelity import ratios, within_goal
+from harness.labels import labels
 
 # -- the table ----------------------------------------------------------------------------------
 COLUMNS = (("step_time_s", "step"), ("tokens_per_s", "tok/s"), ("model_states_bytes", "states"),
            ("comm_dp_bytes", "dp B"), ("comm_tp_bytes", "tp B"), ("comm_pp_bytes", "pp B"),
            ("comm_share_pct", "comm%"), ("bubble_pct_diff_points", "bubble pts"))
-
-
-def _label(r: dict) -> str:
-    from harness.run.table import degrees
-
-    c = r.get("config") or {}
-    s = c.get("strategy") or {}
-    extra = f" {s.get('schedule')}" if (r.get("dims") or {}).get("pp", 1) > 1 else ""
-    eng = "ds-" if s.get("engine") == "deepspeed" else ""
-    return f"{eng}{r['strategy']}{extra} {degrees(r.get('dims') or {})}"
 
 
 def table(records: list[dict]) -> str:
@@ -30,11 +21,11 @@ def table(records: list[dict]) -> str:
     rows = [r for r in latest_by_run_id(records).values() if r["status"] == "ok"]
     head = ["config", "step s meas/pred"] + [name for _, name in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for r, label in zip(rows, labels(rows)):
         fid = r.get("fidelity") or ratios(r.get("measured") or {}, r.get("predicted") or {})
         ok = within_goal(fid)
         m, p = r["measured"], r["predicted"]
-        cells = [_label(r), f"{m.get('step_time_s', 0):.3f} / {p.get('step_time_s', 0):.3f}"]
+        cells = [label, f"{m.get('step_time_s', 0):.3f} / {p.get('step_time_s', 0):.3f}"]
         for key, _ in COLUMNS:
             v = fid.get(key, "")
             if v is None:

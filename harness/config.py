@@ -193,11 +193,10 @@ NON_SEMANTIC_KEYS = ("launcher", "logger", "plan", "results_dir", "rerun", "repo
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    for group, node in (("model", ModelConfig), ("strategy", StrategyConfig), ("workload", WorkloadConfig),
-                        ("hardware", HardwareConfig), ("launcher", LauncherConfig), ("logger", LoggerConfig)):
-        cs.store(group=group, name=f"{group}_schema", node=node)
+    # One schema node at the root types every group (conf/config.yaml lists it first). None is stored
+    # inside a group: it would be offered as an option there (`strategy=strategy_schema`) in --help and
+    # tab completion, and fail when chosen.
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
 
 
 def compose_run(overrides: list[str]) -> "RunConfig":

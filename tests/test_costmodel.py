@@ -250,7 +250,7 @@ def test_cpu_ranks_time_share_the_cores():
 
 def test_predict_cli_prints_one_json_without_torch():
     code = ("import sys, json; from harness.tools.predict import main; rc = main(['parallel.dp=1024', 'strategy=ddp', "
-            "'hardware=h100_sxm', 'workload.global_batch_size=2048', 'workload.micro_batch_size=2']); "
+            "'hardware=h100_sxm', 'workload.global_batch_size=2048', 'workload.micro_batch_size=2', '--json']); "
             "assert 'torch' not in sys.modules, 'cost model imported torch'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -259,6 +259,6 @@ def test_predict_cli_prints_one_json_without_torch():
     for key in ("step_time_s", "tokens_per_s", "mfu_pct", "model_states_bytes", "peak_mem_bytes", "comm_dp_bytes",
                 "bubble_pct", "comm_exposed_pct", "efficiency", "params_per_rank", "activations_bytes"):
         assert isinstance(p[key], (int, float)), key
-    bad = subprocess.run([sys.executable, "-m", "harness.predict", "parallel.dp=3", "strategy=ddp"], cwd=REPO,
+    bad = subprocess.run([sys.executable, "-m", "harness.predict", "parallel.dp=3", "strategy=ddp", "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not divisible" in json.loads(bad.stdout)["error"]

@@ -7,7 +7,8 @@ this interpreter (the venv the tests run in), and:
     runs name theirs), few steps, no W&B and a temporary results_dir appended, so the whole README
     costs minutes, not hours;
   - predict and plan run exactly as written;
-  - calibrate gets `--quick --output <tmp>` (the full run takes minutes and writes a profile);
+  - calibrate gets `--quick` (the full run takes minutes); it writes its default target, this host's
+    profile under conf/hardware/local/, which must be ignored by git (a record's git_dirty stays false);
   - a line whose comment says it is refused must be refused before launch: an `invalid` record and
     the arithmetic printed, and no run directory;
   - every other line must exit 0.
@@ -63,7 +64,7 @@ def _argv(cmd: str, tmp: Path) -> list[str]:
     if words[0] in ("python", "python3", ".venv/bin/python"):
         args = words[1:]
         if args[:2] == ["-m", "harness.calibrate"]:
-            args += ["--quick", "--output", str(tmp / "calibrated.yaml")]
+            args.append("--quick")
         return [sys.executable, *args]
     raise AssertionError(f"README command not understood by this test (add it here or to SKIP): {cmd}")
 
@@ -95,6 +96,36 @@ def test_readme_command_runs_as_written(cmd, comment, tmp_path):
         assert not (tmp_path / "runs").exists()
         return
     assert p.returncode == 0, f"{cmd}\nexit {p.returncode}\n{out[-4000:]}"
+    if "harness.calibrate" in cmd:
+        written = Path(re.search(r"wrote (\S+\.yaml)", out).group(1))
+        assert written.parent == REPO / "conf" / "hardware" / "local", written
+        assert subprocess.run(["git", "check-ignore", "-q", str(written)], cwd=REPO).returncode == 0
     for f in tmp_path.glob("*.jsonl"):  # every run a README command starts ends ok
         bad = [(r["status"], r.get("error")) for r in map(json.loads, f.read_text().splitlines()) if r["status"] != "ok"]
         assert not bad, bad
+
+
+def test_readme_predictions_print_a_short_summary():
+    # pure (no torch, nothing launched): quick enough for every run of the suite
+    for cmd, _ in COMMANDS:
+        if "harness.predict" not in cmd:
+            continue
+        p = subprocess.run(_argv(cmd, Path("/tmp")), cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.startswith(("3d ", "zero3 ")) and "step time" in p.stdout and "MFU" in p.stdout, p.stdout
+        assert len(p.stdout) < 1000, len(p.stdout)  # a summary, not the whole JSON (that is --json)
+
+
+def test_help_describes_brigade_and_hides_the_schema():
+    p = subprocess.run([sys.executable, "-m", "harness", "--help"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("brigade: a config-driven benchmark harness"), p.stdout[:300]
+    assert "powered by Hydra" not in p.stdout and "_schema" not in p.stdout
+    assert "brigade strategy=ddp parallel.dp=2" in p.stdout  # an example
+    groups = dict(l.split(": ", 1) for l in p.stdout.splitlines() if re.match(r"^(model|strategy|hardware): ", l))
+    assert "ddp" in groups["strategy"] and "tiny" in groups["model"] and "cpu" in groups["hardware"]
+    # what was offered as an option and failed (strategy=strategy_schema) is not an option any more
+    bad = subprocess.run([sys.executable, "-m", "harness", "strategy=strategy_schema", "--cfg", "job"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "strategy_schema" in bad.stderr

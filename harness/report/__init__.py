@@ -63,14 +63,16 @@ def write_pngs(study, html_path: Path) -> dict[str, Path]:
     return out
 
 
-def write_report(records_path: str | Path, out_path: str | Path | None = None, pngs: bool = True) -> Path:
-    """Read a study's records and write its HTML report (and PNGs); returns the HTML path."""
+def write_report(records_path: str | Path, out_path: str | Path | None = None, pngs: bool = True,
+                 run_ids: set[str] | None = None, name: str | None = None) -> Path:
+    """Read a study's records and write its HTML report (and PNGs); returns the HTML path.
+    run_ids / name: only those runs, titled `name` (one invocation's ad-hoc runs: harness/run/sweep.py)."""
     from harness.report import page
     from harness.report.study import load
     from harness.rundir import write_atomic
 
     records_path = Path(records_path)
-    study = load(records_path)
+    study = load(records_path, run_ids, name)
     html_path = Path(out_path) if out_path else records_path.with_suffix(".html")
     html_path.parent.mkdir(parents=True, exist_ok=True)
     # a reader never sees half a page, and two writers (SLURM array jobs ending together) never share a file

@@ -216,14 +216,15 @@ class Study:
         return min(same, key=lambda r: (r.world, bool(getattr(catalog.STRATEGIES.get(r.strategy), "axes", ())), r.run_id))
 
 
-def load(path: str | Path) -> Study:
-    """Read <results_dir>/<study>.jsonl; the latest record of each config, in first-seen order."""
+def load(path: str | Path, run_ids: set[str] | None = None, name: str | None = None) -> Study:
+    """Read <results_dir>/<study>.jsonl; the latest record of each config, in first-seen order.
+    run_ids: only those configs (one invocation's ad-hoc runs), shown under `name`."""
     path = Path(path)
-    records = rec.read(path)
+    records = [r for r in rec.read(path) if run_ids is None or (isinstance(r, dict) and r.get("run_id") in run_ids)]
     latest = rec.latest_by_run_id([r for r in records if isinstance(r, dict) and "run_id" in r])
     order = list(dict.fromkeys(r["run_id"] for r in records if isinstance(r, dict) and "run_id" in r))
     runs = [Run(latest[i], lab) for i, lab in zip(order, labels([latest[i] for i in order]))]
-    name = next((r.r.get("study") for r in runs if r.r.get("study")), None) or path.stem
+    name = name or next((r.r.get("study") for r in runs if r.r.get("study")), None) or path.stem
     return Study(name=name, path=path, runs=runs)
 
 

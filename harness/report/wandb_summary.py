@@ -66,12 +66,14 @@ def tables(study) -> dict[str, tuple[list[str], list[list]]]:
 
 
 def log_summary(records_path: str | Path, html_path: str | Path | None = None, mode: str = "offline",
-                project: str = "brigade", entity: str | None = None) -> str | None:
-    """Log the study summary; returns the W&B run directory, or None if logging failed or is disabled."""
+                project: str = "brigade", entity: str | None = None, run_ids: set[str] | None = None,
+                name: str | None = None) -> str | None:
+    """Log the study summary; returns the W&B run directory, or None if logging failed or is disabled.
+    run_ids / name: only those runs, as group `name` (one invocation's ad-hoc runs)."""
     from harness.run.wandb_log import wandb_env
 
     records_path = Path(records_path)
-    study = load(records_path)
+    study = load(records_path, run_ids, name)
     wdir = summary_dir(records_path, study.name)
     wdir.mkdir(parents=True, exist_ok=True)
     os.environ.update(wandb_env(wdir, mode))

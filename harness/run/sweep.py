@@ -55,20 +55,24 @@ def finish_study(config: DictConfig, records: list[dict]) -> None:
     console.print(f"records: {rec.records_path(results_dir, study)}")
     logged = [r["wandb"] for r in records if r.get("wandb")]
     if logged:
-        console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{study}' under "
+        console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{logged[0]['group']}' under "
                       f"{results_dir}/runs/{study}/*/wandb (upload later with `wandb sync <dir>/offline-run-*`)")
     if config.get("report", True):
-        write_report(config, results_dir, study)
+        write_report(config, results_dir, study, records)
 
 
-def write_report(config: DictConfig, results_dir: str, study: str) -> None:
+def write_report(config: DictConfig, results_dir: str, study: str, records: list[dict]) -> None:
     """The study's HTML report (harness.report) and its W&B summary run; the path is printed last.
+    Ad-hoc runs (no study named) get a report of this invocation's runs only, `adhoc-<invocation>.html`.
     A failure here is printed and swallowed: the records are already written and the sweep is done."""
+    from harness.run.wandb_log import ADHOC, group
+
     path = rec.records_path(results_dir, study)
+    run_ids, name = (({r["run_id"] for r in records if "run_id" in r}, group(study)) if study == ADHOC else (None, None))
     try:
         from harness.report import write_report as write_html
 
-        html = write_html(path)
+        html = write_html(path, path.with_name(f"{name}.html") if name else None, run_ids=run_ids, name=name)
     except Exception as e:  # noqa: BLE001 - a report bug must never fail the sweep or touch the records
         console.print(f"[red]report failed[/] ({escape(type(e).__name__)}: {escape(str(e))}); "
                       f"the records in {path} are unaffected; retry with `python -m harness.report {path}`")
@@ -79,7 +83,8 @@ def write_report(config: DictConfig, results_dir: str, study: str) -> None:
             from harness.report.wandb_summary import log_summary
 
             where = log_summary(path, html, mode=str(logger.get("mode", "offline")),
-                                project=str(logger.get("project", "brigade")), entity=logger.get("entity"))
+                                project=str(logger.get("project", "brigade")), entity=logger.get("entity"),
+                                run_ids=run_ids, name=name)
             if where:
                 console.print(f"W&B study summary: {where}")
         except Exception as e:  # noqa: BLE001 - same rule as the report

@@ -1,9 +1,11 @@
 """`python -m harness.calibrate hardware=cpu`: measure this machine's constants and write a hardware
-profile (conf/hardware/cpu_calibrated.yaml, usable as `hardware=cpu_calibrated`).
+profile for it: conf/hardware/local/cpu_<hostname>.yaml (ignored by git, so a record's git_dirty stays
+false), selected as `hardware=local/cpu_<hostname>`. conf/hardware/cpu_calibrated.yaml is the committed
+profile of the machine this repository's reference figures come from.
 
     python -m harness.calibrate hardware=cpu                  # ~1-2 minutes
     python -m harness.calibrate hardware=cpu --quick          # a few seconds: fewer sizes, 2 ranks only
-    python -m harness.calibrate hardware=cpu --name my_box --output /some/dir/my_box.yaml
+    python -m harness.calibrate hardware=cpu --name my_box --output /some/dir/hardware/my_box.yaml
 
 What is measured (the methods of all_reduce_bench and mamf-finder in stas00/ml-engineering, nccl-tests
 definitions; the collectives part is harness/tools/calibrate_collectives.py):
@@ -37,6 +39,7 @@ from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, su
 from harness.tools.calibrate_compute import measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
+LOCAL = "local"  # conf/hardware/local/: this machine's calibrated profiles, ignored by git (.gitignore)
 
 FULL = {"ranks": (2, 4), "sizes": (4, 4096, 262144, 4 * 2**20, 64 * 2**20), "budget_s": 0.25,
         "matmul_n": 1024, "matmul_reps": 12, "bf16_n": 512, "bf16_reps": 4, "triad_mib": 64, "triad_reps": 12}
@@ -159,6 +162,23 @@ def write_profile(profile: dict, path: Path, command: str) -> None:
     path.write_text(header + yaml.safe_dump(profile, sort_keys=False, allow_unicode=True, width=110))
 
 
+def hardware_option(path: Path) -> str:
+    """What `hardware=` selects the profile at `path` with: its path under conf/hardware without .yaml
+    (`local/cpu_myhost`), or its file name for a profile in another `hardware` folder."""
+    path = Path(path).resolve()
+    if path.is_relative_to(HW_DIR.resolve()):
+        return path.relative_to(HW_DIR.resolve()).with_suffix("").as_posix()
+    return path.stem
+
+
+def default_name(base: str) -> str:
+    """`<base>_<host>`: a profile per machine, so calibrating never rewrites a tracked file."""
+    import re
+    import socket
+
+    return f"{base}_{re.sub(r'[^A-Za-z0-9_-]', '_', socket.gethostname().split('.')[0])}"
+
+
 def check_profile(path: Path) -> dict:
     """Compose `hardware=<name>` from the profile's folder and predict a `single` run on it."""
     from hydra import compose, initialize_config_dir
@@ -169,8 +189,8 @@ def check_profile(path: Path) -> dict:
 
     register_configs()
     conf = CONF_DIR
-    overrides = ["strategy=single", "model=tiny", f"hardware={path.stem}"]
-    if path.parent.resolve() != (conf / "hardware").resolve():  # a profile elsewhere: add its folder's parent
+    overrides = ["strategy=single", "model=tiny", f"hardware={hardware_option(path)}"]
+    if not path.resolve().is_relative_to(HW_DIR.resolve()):  # a profile elsewhere: add its folder's parent
         overrides.append(f"hydra.searchpath=[file://{path.parent.parent.resolve()}]")
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         run = to_run_config(compose("config", overrides=overrides))
@@ -183,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides; hardware=<base profile> (default cpu)")
     p.add_argument("--quick", action="store_true", help="a few seconds: 2 ranks, 3 sizes, short matmuls")
-    p.add_argument("--name", default=None, help="profile name (default <base>_calibrated)")
-    p.add_argument("--output", default=None, help="YAML path (default conf/hardware/<name>.yaml); its folder "
+    p.add_argument("--name", default=None, help="profile name (default <base>_<hostname>)")
+    p.add_argument("--output", default=None, help="YAML path (default conf/hardware/local/<name>.yaml, ignored by "
+                                                  "git, selected as hardware=local/<name>); elsewhere its folder "
                                                   "must be named hardware to compose")
     args = p.parse_intermixed_args(argv)
     from harness.config import compose_run
@@ -195,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibrate runs collectives on gloo and matmuls on this CPU; hardware={base['name']} is "
               f"{base['device']}: calibrate a cpu profile", file=sys.stderr)
         return 2
-    name = args.name or f"{base['name']}_calibrated"
-    path = Path(args.output) if args.output else HW_DIR / f"{name}.yaml"
+    name = args.name or default_name(base["name"])
+    path = Path(args.output) if args.output else HW_DIR / LOCAL / f"{name}.yaml"
     if path.stem != name:
         name = path.stem  # `hardware=<stem>` is how it is composed
     t0 = time.monotonic()
@@ -208,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path} in {time.monotonic() - t0:.0f} s: fp32 {profile['achievable_tflops']['fp32'] * 1e3:.1f} "
           f"GFLOP/s, bf16 {profile['achievable_tflops']['bf16'] * 1e3:.2f} GFLOP/s per device; all_reduce "
           + ", ".join(f"{n} ranks {v['bus_bw_GBps']:.3f} GB/s busbw, {v['latency_us']:.0f} us" for n, v in ar.items())
-          + f"; memory {profile['memory_bw_GBps']:.1f} GB/s; composes as hardware={name} (single model=tiny predicted {pred['step_time_s'] * 1e3:.1f} ms/step)")
+          + f"; memory {profile['memory_bw_GBps']:.1f} GB/s; composes as hardware={hardware_option(path)} (single model=tiny predicted {pred['step_time_s'] * 1e3:.1f} ms/step)")
     return 0
 
 

@@ -1,11 +1,14 @@
-"""`python -m harness.predict <hydra overrides>`: the cost model's prediction for one config, as one
-JSON object on stdout (every predicted key at the top level, plus `config`). No torch is imported and
-nothing is launched, so it answers for any degrees (parallel.dp=1024, hardware=h100_sxm) on any machine.
+"""`python -m harness.predict <hydra overrides>`: the cost model's prediction for one config: a short
+summary (time, throughput, memory, communication, bubble), or with `--json` one JSON object on stdout
+(every predicted key at the top level, plus `dims` and `config`; results/README.md says what each
+is). No torch is imported and nothing is launched, so it answers for any degrees (parallel.dp=1024,
+hardware=h100_sxm) on any machine.
 
     python -m harness.predict model=gpt_7b hardware=h100_sxm strategy=ddp parallel.dp=64 \\
-        workload.global_batch_size=128 workload.micro_batch_size=1 workload.precision=bf16-mixed
+        workload.global_batch_size=128 workload.micro_batch_size=1 workload.precision=bf16-mixed [--json]
 
-A config that cannot run prints {"status": "invalid", "error": ...} (the arithmetic) and exits 2.
+A config that cannot run prints why (the arithmetic; with --json {"status": "invalid", "error": ...})
+and exits 2.
 """
 from __future__ import annotations
 
@@ -29,13 +32,39 @@ def predict_overrides(overrides: list[str]) -> dict:
     return {"status": "ok", **out, "dims": dims.as_dict(), "config": config}
 
 
+def summary(out: dict) -> str:
+    """The figures a reader looks at first, one per line (the rest: --json)."""
+    if out["status"] != "ok":
+        return f"invalid: {out['error']}"
+    from harness.labels import base_label
+    from harness.run.table import human_bytes
+
+    c = out["config"]
+    lines = [f"{base_label({'config': c, 'dims': out['dims']})}: {c['model']['name']} on "
+             f"{out['dims']['world_size']} x {c['hardware']['name']}, global batch {c['workload']['global_batch_size']}, "
+             f"{c['workload']['precision']}",
+             f"  step time      {out['step_time_s']:.4g} s  (compute {out['compute_time_s']:.4g} s, exposed comm "
+             f"{out.get('comm_exposed_time_s', 0):.4g} s, bubble {out.get('bubble_time_s', 0):.4g} s)",
+             f"  throughput     {out['tokens_per_s']:.4g} tokens/s, {out['tokens_per_s_per_device']:.4g} per device, "
+             f"MFU {out['mfu_pct']:.1f} %",
+             f"  memory/device  model states {human_bytes(out['model_states_bytes'])}, activations "
+             f"{human_bytes(out['activations_bytes'])}, peak {human_bytes(out['peak_mem_bytes'])}"
+             + ("" if out.get("fits_in_memory", True) else "  (does NOT fit)"),
+             "  comm/step      " + (", ".join(f"{a} {human_bytes(out[f'comm_{a}_bytes'])}" for a in ("dp", "tp", "pp", "ep")
+                                             if out.get(f"comm_{a}_bytes")) or "none")
+             + f"; {out.get('comm_share_pct', 0):.1f} % of the step",
+             "all figures: --json (names and units: results/README.md)"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    out = predict_overrides(argv)
-    print(json.dumps(out, default=str))
+    as_json = "--json" in argv
+    out = predict_overrides([a for a in argv if a != "--json"])
+    print(json.dumps(out, default=str) if as_json else summary(out))
     return 0 if out["status"] == "ok" else 2
 
 

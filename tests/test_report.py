@@ -294,3 +294,33 @@ def test_wandb_summary_run_holds_the_study_tables(study, tmp_path):
     data = json.loads(table.read_text())
     assert {row[0] for row in data["data"]} == {r.run_id for r in load(jsonl).runs}
     assert not (Path.home() / "wandb").exists() or not any((Path.home() / "wandb").glob("offline-run-*rfix*"))
+
+
+@pytest.mark.slow
+def test_every_config_is_offered_labelled_by_what_differs_and_the_page_opens_on_its_mode(study, tmp_path):
+    # the fixture's real pp run as seven configs that differ only in the schedule (as a study sweeping
+    # the schedules records them): the PP picker offers all seven, named by their schedule, and a
+    # study of pipelines opens on the PP mode
+    pp_run = by_strategy(study["records"])["3d"]
+    schedules = ["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble",
+                 "dualpipev"]
+    recs = []
+    for i, sched in enumerate(schedules):
+        r = json.loads(json.dumps(pp_run))
+        r["config"]["strategy"]["schedule"], r["run_id"] = sched, f"{pp_run['run_id'][:10]}{i:02d}"
+        recs.append(r)
+    jsonl = tmp_path / "schedules.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    from harness.report import write_report
+
+    text = write_report(jsonl, pngs=False).read_text()
+    picker = re.search(r'<select class="run-select" data-mode="pp">(.*?)</select>', text, flags=re.S).group(1)
+    options = re.findall(r"<option[^>]*>([^<]*)</option>", picker)
+    assert [o.split(" (")[0] for o in options] == [f"3d tp2 pp2 {s}" for s in schedules]
+    # tp2 x pp2 runs use tp as much as pp: a tie opens on the first such mode, TP; without the tp
+    # axis the page opens on PP (not on DP, which no run uses)
+    assert 'data-default-mode="tp"' in text
+    for r in recs:
+        r["dims"]["tp"], r["dims"]["world_size"] = 1, 2
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert 'data-default-mode="pp"' in write_report(jsonl, pngs=False).read_text()

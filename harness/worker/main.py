@@ -130,9 +130,12 @@ def _run(run_dir: Path, rank: int) -> None:
 
     from harness.worker.hooks import make_hooks
 
-    t0 = time.perf_counter()
+    t0, start_unix = time.perf_counter(), time.time()
     result = run_steps(strategy, run, dims, nmb, device, progress=progress, hooks=make_hooks(run, dims, run_dir))
     result["loop_wall_s"] = time.perf_counter() - t0
+    # wall-clock ends of the loop, comparable with the parent's clock: a run's fixed cost (start-up
+    # before the first step, collection after the last) is what the rest of its wall time is
+    result["loop_start_unix"], result["loop_end_unix"] = start_unix, time.time()
     result["rank"] = rank
     result["coords"] = dims.coords(rank)
     result["env"] = _environment(device)

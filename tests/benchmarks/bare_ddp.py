@@ -1,9 +1,15 @@
 """The baseline for brigade's overhead: the same model, data and steps with DDP and nothing else.
 
-    torchrun --standalone --nproc-per-node 2 tests/benchmarks/bare_ddp.py <n_steps> <preset>
+    torchrun --standalone --nproc-per-node 2 tests/benchmarks/bare_ddp.py <n_steps> <preset> [stamps.json]
+
+With a third argument, rank 0 writes the wall-clock start and end of its loop there (as brigade's
+worker records loop_start_unix / loop_end_unix), so the benchmark can split each side's wall time
+into start-up, steps and teardown.
 """
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -21,7 +27,7 @@ class Cfg:
         self.__dict__.update(d)
 
 
-def main(steps: int, preset: str) -> None:
+def main(steps: int, preset: str, stamps: str | None = None) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = Cfg(yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "model" / f"{preset}.yaml").read_text()))
@@ -31,6 +37,7 @@ def main(steps: int, preset: str) -> None:
     gbs, micro = 8, 2
     per_rank = gbs // world
     n_micro = per_rank // micro
+    start = time.time()
     for step in range(steps):
         tokens = global_batch(step, 1234, gbs, cfg.seq_len, cfg.vocab_size)[rank * per_rank:(rank + 1) * per_rank]
         opt.zero_grad(set_to_none=True)
@@ -39,9 +46,11 @@ def main(steps: int, preset: str) -> None:
             with ctx:
                 (loss_fn(model(mb[:, :-1]), mb[:, 1:]) / n_micro).backward()
         opt.step()
+    if stamps and rank == 0:
+        Path(stamps).write_text(json.dumps({"loop_start_unix": start, "loop_end_unix": time.time()}))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

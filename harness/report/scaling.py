@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from harness import catalog
+
 MIN_FIT_POINTS = 3
 
 
@@ -138,7 +140,8 @@ def _groups(study) -> dict[str, list]:
                 and b.cfg("workload", "global_batch_size") == runs[0].cfg("workload", "global_batch_size")]
         if same:
             # the run with no parallel axis at all (the reference strategy) before a dp strategy at 1
-            runs.insert(0, min(same, key=lambda b: (len(b.cfg("strategy", "axes", default=[]) or []), b.run_id)))
+            runs.insert(0, min(same, key=lambda b: (len(getattr(catalog.STRATEGIES.get(b.strategy), "axes", ())),
+                                                    b.run_id)))
     # a series that is only some other series' baseline is not a curve of its own
     shown = {id(r) for n, runs in groups.items() for r in runs if len(runs) > 1}
     return {n: runs for n, runs in groups.items() if len(runs) > 1 or id(runs[0]) not in shown}

@@ -106,14 +106,10 @@ class Run:
 
     @property
     def num_microbatches(self) -> int | None:
-        n = self.measured.get("num_microbatches") or self.cfg("workload", "num_microbatches")
-        if n:
-            return int(n)
-        w, d = self.cfg("workload", default={}) or {}, self.dims
-        try:
-            return int(w["global_batch_size"] // (d["dp"] * w["micro_batch_size"]))
-        except (KeyError, TypeError, ZeroDivisionError):
-            return None
+        """Micro-batches per rank per step as recorded (what the ranks ran, else what validation derived
+        for the prediction); None for a record that has neither."""
+        n = self.measured.get("num_microbatches") or self.predicted.get("num_microbatches")
+        return int(n) if n else None
 
     @property
     def run_dir(self) -> Path | None:

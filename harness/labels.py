@@ -17,6 +17,8 @@ AXES = ("dp", "tp", "pp", "vpp", "ep")
 # Shown in the base label (strategy, engine, degrees, schedule), never again as an extra.
 IN_BASE = ("strategy.name", "strategy.engine", "strategy.schedule", "strategy.zero_stage", "strategy.axes",
            "strategy.impl", "parallel.", "study")
+# Where a figure comes from (a hardware profile's `source` notes), not what was run.
+NOT_WHAT_RUNS = ("hardware.source.",)
 # The keys a reader knows by a short name; "" = the value alone says it (bf16-mixed, gpt2_124m, strong).
 SHORT = {"workload.activation_checkpointing": "ac", "workload.global_batch_size": "batch",
          "workload.micro_batch_size": "mbs", "workload.num_microbatches": "m", "workload.precision": "",
@@ -66,7 +68,7 @@ def base_label(record: dict) -> str:
 
 def _shown(key: str) -> bool:
     return key.split(".")[0] not in NON_SEMANTIC_KEYS and not any(
-        key == b or (b.endswith(".") and key.startswith(b)) for b in IN_BASE)
+        key == b or (b.endswith(".") and key.startswith(b)) for b in IN_BASE + NOT_WHAT_RUNS)
 
 
 def _extra(key: str, value) -> str:

@@ -66,3 +66,11 @@ def test_results_load_gives_a_flat_dataframe(tmp_path):
     assert len(load(tmp_path)) == 2  # a directory: every study in it
     with pytest.raises(FileNotFoundError, match="no records"):
         load(tmp_path / "nosuch.jsonl")
+
+
+def test_where_a_figure_comes_from_is_not_what_was_run(tmp_path):
+    a = _record(["model=tiny", "strategy=ddp", "parallel.dp=2"], tmp_path)
+    b = _record(["model=tiny", "strategy=ddp", "parallel.dp=4", "workload.global_batch_size=16"], tmp_path)
+    b["config"]["hardware"]["source"] = {k: v + " (recalibrated)" for k, v in a["config"]["hardware"]["source"].items()}
+    assert a["config"]["hardware"]["source"]  # the profile does say where its figures come from
+    assert labels([a, b]) == ["ddp dp2 batch=8", "ddp dp4 batch=16"]

@@ -22,7 +22,7 @@ def scaling(series: dict) -> tuple[go.Figure, go.Figure]:
     tput, eff = go.Figure(), go.Figure()
     for i, s in enumerate(series["series"]):
         colour = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
-        name = f"{s['name']} ({s['kind']})"
+        name = s["name"] if s["name"] == s["kind"] else f"{s['name']} ({s['kind']})"
         tput.add_trace(go.Scatter(x=s["ideal"]["devices"], y=s["ideal"]["tokens_per_s"], mode="lines",
                                   name=f"{name}: ideal", line=dict(dash="dash", color=colour, width=1)))
         tput.add_trace(go.Scatter(x=s["devices"], y=s["tokens_per_s"], mode="lines+markers", name=name,

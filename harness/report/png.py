@@ -30,7 +30,7 @@ def scaling(series: dict | None, path: Path) -> Path | None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, s in enumerate(series["series"]):
         c = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
-        name = f"{s['name']} ({s['kind']})"
+        name = s["name"] if s["name"] == s["kind"] else f"{s['name']} ({s['kind']})"
         a.plot(s["ideal"]["devices"], s["ideal"]["tokens_per_s"], "--", color=c, lw=1)
         a.plot(s["devices"], s["tokens_per_s"], "o-", color=c, label=name)
         b.plot(s["devices"], [100 * e for e in s["efficiency"]], "o-", color=c, label=name)

@@ -12,6 +12,7 @@ given (`own_label`). Pure: no torch, no Hydra.
 from __future__ import annotations
 
 from harness.config import NON_SEMANTIC_KEYS
+from harness.run.record import flatten
 
 AXES = ("dp", "tp", "pp", "vpp", "ep")
 # Shown in the base label (strategy, engine, degrees, schedule), never again as an extra.
@@ -28,16 +29,6 @@ SHORT = {"workload.activation_checkpointing": "ac", "workload.global_batch_size"
 MEASUREMENT_LENGTH = ("workload.warmup_steps", "workload.steps", "workload.profile_steps", "launcher.timeout_s")
 # A group's other keys differ whenever its option differs (model=small vs tiny): named by the option.
 GROUP_OPTION = {"model": "model.name", "hardware": "hardware.name", "strategy": "strategy.name"}
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def degrees(dims: dict) -> str:

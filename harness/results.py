@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.run import record as rec
-from harness.labels import flatten, labels
+from harness.run.record import flatten
+from harness.labels import labels
 
 
 def load(path: str | Path, latest: bool = True):

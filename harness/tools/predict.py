@@ -37,7 +37,7 @@ def summary(out: dict) -> str:
     if out["status"] != "ok":
         return f"invalid: {out['error']}"
     from harness.labels import base_label
-    from harness.run.table import human_bytes
+    from harness.report.fmt import nbytes
 
     c = out["config"]
     lines = [f"{base_label({'config': c, 'dims': out['dims']})}: {c['model']['name']} on "
@@ -47,10 +47,10 @@ def summary(out: dict) -> str:
              f"{out.get('comm_exposed_time_s', 0):.4g} s, bubble {out.get('bubble_time_s', 0):.4g} s)",
              f"  throughput     {out['tokens_per_s']:.4g} tokens/s, {out['tokens_per_s_per_device']:.4g} per device, "
              f"MFU {out['mfu_pct']:.1f} %",
-             f"  memory/device  model states {human_bytes(out['model_states_bytes'])}, activations "
-             f"{human_bytes(out['activations_bytes'])}, peak {human_bytes(out['peak_mem_bytes'])}"
+             f"  memory/device  model states {nbytes(out['model_states_bytes'])}, activations "
+             f"{nbytes(out['activations_bytes'])}, peak {nbytes(out['peak_mem_bytes'])}"
              + ("" if out.get("fits_in_memory", True) else "  (does NOT fit)"),
-             "  comm/step      " + (", ".join(f"{a} {human_bytes(out[f'comm_{a}_bytes'])}" for a in ("dp", "tp", "pp", "ep")
+             "  comm/step      " + (", ".join(f"{a} {nbytes(out[f'comm_{a}_bytes'])}" for a in ("dp", "tp", "pp", "ep")
                                              if out.get(f"comm_{a}_bytes")) or "none")
              + f"; {out.get('comm_share_pct', 0):.1f} % of the step",
              "all figures: --json (names and units: results/README.md)"]

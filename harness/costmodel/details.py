@@ -37,7 +37,8 @@ def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> 
         "hfu_pct": 100 * hw_flops / step / world / peak if peak else None,
         "bubble_pct_schedule": pipe.bubble_pct(lo.strategy.schedule, pl.pp, pl.vpp, m),
         "speedup_vs_one_device": speedup,
-        "amdahl_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
+        # Karp & Flatt (1990): the serial fraction e = (1/S - 1/N) / (1 - 1/N) that this one speed-up implies
+        "karp_flatt_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
         "ranks_per_node": pl.ranks_per_node, "cpu_time_sharing_factor": pl.slowdown,
         "achievable_flops_per_rank": lo.matmul_rate,
         "memory_family": lo.strategy.family,

@@ -93,3 +93,19 @@ def test_harness_overhead_vs_bare_torchrun(benchmark, tmp_path):
         benchmark.extra_info[f"{k}_fixed_cost_s"] = fixed
     benchmark.extra_info.update({f"{k}_{f}": v for k, m in med.items() for f, v in m.items()})
     print("\n".join(lines))
+
+
+def test_fixed_cost_of_a_tiny_single_run(benchmark, tmp_path):
+    """The smallest run there is (model=tiny, single, lean): its wall time is nearly all fixed cost."""
+    argv = [sys.executable, "-m", "harness", "model=tiny", "strategy=single", f"workload.warmup_steps={WARMUP}",
+            f"workload.steps={STEPS}", "logger=none", "workload.profile_steps=0", f"results_dir={tmp_path}"]
+    runs: list[dict] = []
+    benchmark.pedantic(lambda: runs.append(_timed(argv, _brigade_stamps(tmp_path))), rounds=ROUNDS, iterations=1,
+                       warmup_rounds=0)
+    med = {f: statistics.median(r[f] for r in runs) for f in runs[0]}
+    load = os.getloadavg()
+    print(f"\nfixed cost of a run (model=tiny single, {WARMUP}+{STEPS} steps, logger=none, no profiled window; median "
+          f"of {ROUNDS}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores): wall "
+          f"{med['wall_s']:.2f} s = start-up {med['startup_s']:.2f} s (compose -> first step) + steps "
+          f"{med['steps_s']:.2f} s + teardown {med['teardown_s']:.2f} s (last step -> record, exit)")
+    benchmark.extra_info.update(med)

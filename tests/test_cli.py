@@ -69,8 +69,20 @@ def test_a_hung_rank_is_killed_at_the_wall_clock_limit(tmp_path):
     assert left.stdout.strip() == "", "ranks left behind after the timeout"
 
 
-def test_single_run_without_multirun(tmp_path):
-    p = cli([*FAST, "strategy=single"], tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    (r,) = records(tmp_path)
-    assert r["status"] == "ok" and r["run_id"] in p.stderr
+def test_single_run_without_multirun_ends_with_where_everything_is(tmp_path):
+    # the same config twice (two invocations): two W&B runs that never collide, each its own ad-hoc group
+    args = [*[o for o in FAST if not o.startswith("logger")], "logger=wandb", "strategy=single",
+            "workload.activation_checkpointing=full"]
+    outs = [cli(args, tmp_path) for _ in range(2)]
+    for p in outs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    first, second = records(tmp_path)
+    assert first["status"] == second["status"] == "ok" and first["run_id"] == second["run_id"]
+    err = outs[0].stderr
+    # the run's own row, named by what sets it apart from the defaults, then the record, run dir and W&B run
+    assert "single ac=full" in err and "tokens/s" in err and "states/rank" in err
+    assert f"record: {tmp_path / 'adhoc.jsonl'} (run_id {first['run_id']})" in err
+    assert f"run dir: {first['run_dir']}" in err and Path(first["run_dir"]).name.startswith("single-ac=full-")
+    assert f"W&B: offline run 'single ac=full' (id {first['wandb']['id']}" in err and first["wandb"]["dir"] in err
+    assert first["wandb"]["id"] != second["wandb"]["id"]
+    assert first["wandb"]["group"] != second["wandb"]["group"] and first["wandb"]["group"].startswith("adhoc-")

@@ -214,15 +214,15 @@ def _single_run_ending(record: dict, results_dir: str, run_dir: Path | None, lab
     from harness.run.table import print_table
 
     print_table([record], f"run {record['run_id']}", console, names=[label])
-    console.print(f"record: {rec.records_path(results_dir, record['study'])} (run_id {record['run_id']})")
-    if run_dir is not None:
-        console.print(f"run dir: {run_dir}")
+    path = rec.records_path(results_dir, record["study"])
+    lines = [f"record: {path} (run_id {record['run_id']})"] + ([f"run dir: {run_dir}"] if run_dir else [])
     w = record.get("wandb")
     if w:
-        console.print(f"W&B: {w['mode']} run '{w['name']}' (id {w['id']}, group {w['group']}) in {w['dir']}"
-                      + (" (upload later with `wandb sync <dir>/offline-run-*`)" if w["mode"] == "offline" else ""))
-    console.print(f"report: none for one run (`python -m harness.report {rec.records_path(results_dir, record['study'])}` "
-                  "draws the runs in that file)")
+        lines.append(f"W&B: {w['mode']} run '{w['name']}' (id {w['id']}, group {w['group']}) in {w['dir']}"
+                     + (" (upload later with `wandb sync <dir>/offline-run-*`)" if w["mode"] == "offline" else ""))
+    lines.append(f"report: none for one run (`python -m harness.report {path}` draws the runs in that file)")
+    for line in lines:  # never wrapped: paths and ids stay whole for copying
+        console.print(escape(line), soft_wrap=True)
 
 
 class _progress:

@@ -95,7 +95,7 @@ def labels(records: list[dict]) -> list[str]:
     out = []
     for r in records:
         flat = flatten(r.get("config") or {})
-        extras = [_extra(k, flat[k]) for k in keys if k in flat and flat[k] is not None]
+        extras = [_extra(k, flat[k]) for k in keys if flat.get(k) not in (None, "")]
         out.append(" ".join([base_label(r)] + extras))
     seen: dict[str, set] = {}
     for r, lab in zip(records, out):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-AXES = ("dp", "tp", "pp", "ep")  # mesh axes a strategy can use (harness/dims.py places them)
+AXES = ("dp", "tp", "pp", "ep", "cp")  # mesh axes a strategy can use (harness/dims.py places them)
 ENGINES = ("torch", "deepspeed")
 # Element size of the low-precision copies (activations, bf16/fp16 params and grads) per precision;
 # fp32 master weights and AdamW state stay 4 bytes whatever the precision.
@@ -58,11 +58,14 @@ STRATEGIES = {s.name: s for s in (
     StrategyRow("fsdp", ("dp",), "fsdp", "sharded"),
     StrategyRow("tp", ("tp",), "tp", "replicated"),
     StrategyRow("pp", ("pp",), "pp", "replicated"),
-    StrategyRow("3d", ("dp", "tp", "pp"), "mesh3d", "by_dp_shard"),
+    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "mesh3d", "by_dp_shard"),
     StrategyRow("ep", ("dp", "ep"), "ep", "replicated"),
 )}
 # 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
-DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0)}
+# (zero1: the distributed optimizer, harness/strategies/distributed_optimizer.py)
+DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distributed", 1)}
+# zero1's strategy.zero1_impl: ZeroRedundancyOptimizer, or the distributed optimizer (family "distributed")
+ZERO1_IMPL = {"torch_zero": "zero1_torch", "distributed": "distributed"}
 DEFAULT_DP_SHARD = "fsdp"
 
 
@@ -81,11 +84,15 @@ def strategy(name: str) -> StrategyRow:
     return STRATEGIES[name]
 
 
-def state_family(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD) -> str:
-    """The cost model's memory family for a strategy config: replicated | zero1_torch | sharded | deepspeed."""
+def state_family(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD,
+                 zero1_impl: str = "torch_zero") -> str:
+    """The cost model's memory family for a strategy config: replicated | zero1_torch | distributed |
+    sharded | deepspeed."""
     if engine == "deepspeed":
         return "deepspeed"
     states = strategy(name).states
+    if states == "zero1_torch":
+        return ZERO1_IMPL[zero1_impl]
     return DP_SHARD[dp_shard][0] if states == "by_dp_shard" else states
 
 

@@ -1,10 +1,15 @@
 """ParallelDims: the one source of truth for parallel degrees, rank placement and device meshes.
 
-Ranks are placed tp innermost, then dp, then pp (Megatron's order): a tp group is adjacent ranks,
-so it stays inside a node where NVLink is fastest; pp groups stride furthest and cross nodes first.
+Ranks are placed tp innermost, then cp, then dp, then pp (Megatron's and torchtitan's order): a tp
+group is adjacent ranks, so it stays inside a node where NVLink is fastest; cp next (its K/V
+all-gathers are per layer, like tp's, but fewer and larger); pp groups stride furthest and cross
+nodes first.
 
-    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+    rank = pp_rank * (dp * cp * tp) + dp_rank * (cp * tp) + cp_rank * tp + tp_rank
 
+Data parallel may be hybrid (HSDP): dp = dp_replicate x dp_shard, dp_shard inner, so a shard group
+is neighbouring dp ranks (one node) and replicas of it stride across nodes:
+    dp_rank = dp_replicate_rank * dp_shard + dp_shard_rank.
 Expert parallelism shares ranks with dp: the dp axis is split into (dp / ep) replicas of an ep
 group, ep innermost, so an expert all-to-all stays among neighbouring dp ranks.
 This module imports torch only inside build_mesh().
@@ -12,6 +17,8 @@ This module imports torch only inside build_mesh().
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+AXES = ("pp", "dp", "cp", "tp")  # outermost first: the rank order above
 
 
 class ConfigError(ValueError):
@@ -26,40 +33,63 @@ class ParallelDims:
     vpp: int = 1
     ep: int = 1
     world_size: int = 1
+    cp: int = 1
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "vpp", "ep", "world_size"):
+        for name in ("dp", "tp", "pp", "vpp", "ep", "world_size", "cp", "dp_replicate"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        product = self.dp * self.tp * self.pp
+        product = self.dp * self.cp * self.tp * self.pp
         if product != self.world_size:
-            raise ConfigError(
-                f"dp({self.dp}) * tp({self.tp}) * pp({self.pp}) = {product} != world size {self.world_size}")
+            cp = f" * cp({self.cp})" if self.cp > 1 else ""
+            raise ConfigError(f"dp({self.dp}){cp} * tp({self.tp}) * pp({self.pp}) = {product} "
+                              f"!= world size {self.world_size}")
         if self.dp % self.ep:
             raise ConfigError(f"dp {self.dp} not divisible by ep {self.ep} (expert parallel shares the dp ranks)")
+        if self.dp % self.dp_replicate:
+            raise ConfigError(f"dp {self.dp} not divisible by dp_replicate {self.dp_replicate} "
+                              f"(dp = dp_replicate x dp_shard; {self.dp} % {self.dp_replicate} = "
+                              f"{self.dp % self.dp_replicate})")
+        if self.ep > 1 and (self.dp_replicate > 1 or self.cp > 1):
+            raise ConfigError(f"ep {self.ep} with dp_replicate {self.dp_replicate} / cp {self.cp}: expert parallel "
+                              f"splits the dp axis into (dp/ep, ep) itself; HSDP and context parallel are not "
+                              f"combined with it here")
 
     @classmethod
     def from_config(cls, parallel, launcher=None) -> "ParallelDims":
-        world = parallel.dp * parallel.tp * parallel.pp
+        cp, rep = getattr(parallel, "cp", 1), getattr(parallel, "dp_replicate", 1)
+        world = parallel.dp * cp * parallel.tp * parallel.pp
         if launcher is not None and launcher.nproc_per_node > 0:
             world = launcher.nodes * launcher.nproc_per_node
-        return cls(dp=parallel.dp, tp=parallel.tp, pp=parallel.pp, vpp=parallel.vpp, ep=parallel.ep, world_size=world)
+        return cls(dp=parallel.dp, tp=parallel.tp, pp=parallel.pp, vpp=parallel.vpp, ep=parallel.ep, world_size=world,
+                   cp=cp, dp_replicate=rep)
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dp // self.dp_replicate
 
     # -- placement (pure) ---------------------------------------------------------------------
     def coords(self, rank: int) -> dict[str, int]:
         """Rank -> its index along each axis."""
-        return {"pp": rank // (self.dp * self.tp), "dp": (rank // self.tp) % self.dp, "tp": rank % self.tp,
-                "ep": ((rank // self.tp) % self.dp) % self.ep}
+        dp = (rank // (self.cp * self.tp)) % self.dp
+        return {"pp": rank // (self.dp * self.cp * self.tp), "dp": dp, "tp": rank % self.tp,
+                "ep": dp % self.ep, "cp": (rank // self.tp) % self.cp,
+                "dp_replicate": dp // self.dp_shard, "dp_shard": dp % self.dp_shard}
 
     def groups(self, axis: str) -> list[list[int]]:
-        """The rank groups that communicate along one axis (e.g. every tp group)."""
+        """The rank groups that communicate along one axis (e.g. every tp group). `dp_cp` is the
+        gradient-sync group of data and context parallel together (FSDP/DDP reduce over it)."""
+        derived = {"dp", "ep", "dp_replicate", "dp_shard"}  # coordinates that are functions of dp
+        varying = {"dp": derived, "dp_cp": derived | {"cp"}, "dp_replicate": derived - {"dp_shard"},
+                   "dp_shard": derived - {"dp_replicate"}}.get(axis, {axis})
         out: dict[tuple, list[int]] = {}
         for r in range(self.world_size):
             c = self.coords(r)
             if axis == "ep":
-                key = (c["pp"], c["dp"] // self.ep, c["tp"])
+                key = (c["pp"], c["dp"] // self.ep, c["cp"], c["tp"])
             else:
-                key = tuple(v for k, v in c.items() if k not in (axis, "ep"))
+                key = tuple(v for k, v in c.items() if k not in varying)
             out.setdefault(key, []).append(r)
         return list(out.values())
 
@@ -69,23 +99,33 @@ class ParallelDims:
 
     def as_dict(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "ep": self.ep,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "cp": self.cp, "dp_replicate": self.dp_replicate}
 
     def label(self) -> str:
-        parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp),
-                                        ("ep", self.ep)) if v > 1]
+        parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("dprep", self.dp_replicate), ("cp", self.cp),
+                                        ("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp), ("ep", self.ep)) if v > 1]
         return "-".join(parts) or "1"
 
     # -- meshes (torch) -------------------------------------------------------------------------
     def build_mesh(self, device_type: str):
         """The world DeviceMesh with named axes ("pp", "dp", "tp"); with ep > 1 the dp axis is
-        ("dp_rep", "ep") and "dp" is their flattening. Every axis exists, size 1 or not, so
-        strategies index mesh[axis] without special cases."""
+        ("dp_rep", "ep") and "dp" is their flattening; with cp > 1 or dp_replicate > 1 the axes are
+        ("pp", "dp_replicate", "dp_shard", "cp", "tp") with the flattenings "dp" (dp_replicate,
+        dp_shard), "dp_cp" (the gradient-sync group) and "dp_shard_cp" (what FSDP shards over).
+        Every axis a strategy indexes exists, size 1 or not, so strategies index mesh[axis]
+        without special cases."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if self.ep > 1:
             mesh = init_device_mesh(device_type, (self.pp, self.dp // self.ep, self.ep, self.tp),
                                     mesh_dim_names=("pp", "dp_rep", "ep", "tp"))
             mesh["dp_rep", "ep"]._flatten("dp")
+            return mesh
+        if self.cp > 1 or self.dp_replicate > 1:
+            mesh = init_device_mesh(device_type, (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp),
+                                    mesh_dim_names=("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+            mesh["dp_replicate", "dp_shard"]._flatten("dp")
+            mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+            mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
             return mesh
         return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig
 from harness.dims import ConfigError, ParallelDims
+from harness.validate_layouts import validate_layouts
 
 CHECKPOINTING = ("none", "selective", "full")
 
@@ -19,7 +20,7 @@ def available_strategies() -> list[str]:
 
 def num_microbatches(run: RunConfig, dims: ParallelDims) -> int:
     w = run.workload
-    per_step = dims.dp * w.micro_batch_size
+    per_step = dims.dp * w.micro_batch_size  # cp ranks share their dp rank's sequences
     if w.global_batch_size % per_step:
         raise ConfigError(f"global_batch_size {w.global_batch_size} not divisible by "
                           f"dp*micro_batch_size {per_step} (dp {dims.dp} * micro_batch_size {w.micro_batch_size})")
@@ -92,8 +93,7 @@ def validate(run: RunConfig) -> ParallelDims:
     if w.steps < 1 or w.warmup_steps < 0:
         raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
 
-    if s.dp_shard not in catalog.DP_SHARD:
-        raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: {', '.join(catalog.DP_SHARD)}")
+    validate_layouts(run, dims)
     if s.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
         raise ConfigError(f"unknown comm_hook '{s.comm_hook}'; available: none, fp16, bf16, powersgd")
     if s.comm_hook == "bf16" and hw.device != "cuda":

@@ -35,10 +35,13 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.attention = attention
         self.checkpoint_core = False  # selective recompute: recompute softmax(QK^T)V in backward
+        self.context_parallel = None  # a core over a sequence split (harness/strategies/cp.py), or None
 
     def core(self, q, k, v):
         # q, k, v: (B, nh, T, hs)
         p = self.dropout if self.training else 0.0
+        if self.context_parallel is not None:  # this rank's queries against every rank's keys
+            return self.context_parallel(q, k, v, p, self.attention)
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         T = q.size(-2)
@@ -86,6 +89,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.checkpoint_blocks = False
+        self.positions = None  # the token positions this rank holds under context parallel; None: 0..T-1
         self.apply(self._init)
         # GPT-2: scale the residual projections by 1/sqrt(2L) so the residual stream's variance holds
         for name, p in self.named_parameters():
@@ -107,7 +111,7 @@ class GPT(nn.Module):
         """x: token ids (B, T) if this module has the embedding, else hidden states (B, T, h).
         Returns logits (B, T, V) if it has the head, else hidden states."""
         if self.tok_emb is not None:
-            pos = torch.arange(x.size(1), device=x.device)
+            pos = self.positions if self.positions is not None else torch.arange(x.size(1), device=x.device)
             x = self.drop(self.tok_emb(x) + self.pos_emb(pos))
         for block in self.blocks.values():
             if self.checkpoint_blocks and self.training:

@@ -57,7 +57,7 @@ STEP_EVENT = "brigade/step"
 _NOT_COMPUTE = re.compile(r"^(c10d::|gloo:|nccl:|_c10d_functional::|c10d_functional::|record_param_comms)|wait",
                           re.IGNORECASE)
 _NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)
-AXES = catalog.AXES
+AXES = catalog.COMM_AXES
 
 
 # -- loading ------------------------------------------------------------------------------------

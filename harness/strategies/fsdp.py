@@ -27,6 +27,18 @@ reshards. That is m-1 fewer reduce-scatters and m-1 fewer all-gathers per unit, 
 unsharded params and grads between micro-batches (model=tiny, 5 units, m=4, counted with the
 profiler: 21 all-gathers and 5 reduce-scatters per step instead of 36 and 20).
 
+`strategy.fsdp_accumulate=sharded` (llm-foundry's and torchtitan's default) instead reshards after
+every micro-batch's backward and reduce-scatters every micro-batch's grads into the sharded grads:
+m reduce-scatters and 2m all-gathers per unit and step, holding only 1/N between micro-batches.
+
+HSDP (`parallel.dp_replicate` = R > 1): FSDP2 on the 2-D (dp_replicate, dp_shard) mesh, S = dp / R:
+params sharded 1/S over the shard group (neighbouring ranks, one node), replicated R times across
+it. Per unit and step: all-gathers and the reduce-scatter over the S shard ranks ((S-1)/S * P
+each), then an all-reduce of the 1/S grad shard over the R replicas (2(R-1)/R * P/S), so the
+inter-node traffic is 1/S of DDP's. With context parallel (3d, cp > 1) the shard group is
+dp_shard x cp (torchtitan's dp_shard_cp): cp ranks hold different tokens of the same sequences,
+so their grads are summed like data parallel's.
+
 Mixed precision: bf16-mixed / fp16-mixed use a MixedPrecisionPolicy (params all-gathered and computed
 in bf16/fp16, half the all-gather bytes; grads reduce-scattered in fp32 into the fp32 sharded
 params). Autocast is not used on top: the policy already casts params and floating inputs.
@@ -49,8 +61,15 @@ def mixed_precision_policy(precision: str):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
 
 
+def fsdp_mesh(mesh, dims):
+    """What FSDP shards over: the 1-D data axis (times cp), or (replicate, shard) for HSDP."""
+    if dims.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard_cp"]
+    return mesh["dp_cp"] if dims.cp > 1 else mesh["dp"]
+
+
 def apply_fsdp(model: torch.nn.Module, dp_mesh, run) -> torch.nn.Module:
-    """Shard `model` over the 1-D `dp_mesh` with FSDP2: each block (of those this module holds, e.g.
+    """Shard `model` over `dp_mesh` (fsdp_mesh: 1-D, or 2-D for HSDP) with FSDP2: each block (of those this module holds, e.g.
     a pipeline stage's) is one unit, then the root. Parameters may already be tp DTensors (3D: apply
     after tensor parallel and activation checkpointing). Returns the same module, now an FSDPModule."""
     from torch.distributed.fsdp import fully_shard
@@ -63,23 +82,25 @@ def apply_fsdp(model: torch.nn.Module, dp_mesh, run) -> torch.nn.Module:
     return model
 
 
-def accumulation_context(model, last: bool):
-    """For one micro-batch's forward+backward: sync grads and reshard only on the last one."""
-    model.set_requires_gradient_sync(last)
-    model.set_reshard_after_backward(last)
+def accumulation_context(model, last: bool, mode: str = "unsharded"):
+    """For one micro-batch's forward+backward. unsharded: sync grads and reshard only on the last
+    one; sharded: on every one."""
+    every = mode == "sharded"
+    model.set_requires_gradient_sync(last or every)
+    model.set_reshard_after_backward(last or every)
     return contextlib.nullcontext()
 
 
 class FSDP(Strategy):
     def setup(self, model):
-        self.model = apply_fsdp(model.to(self.device), self.mesh["dp"], self.run)
+        self.model = apply_fsdp(model.to(self.device), fsdp_mesh(self.mesh, self.dims), self.run)
         self.optimizer = self.make_optimizer(self.model.parameters())  # every param is a DTensor: foreach works
 
     def autocast(self):
         return contextlib.nullcontext()  # the MixedPrecisionPolicy does the casting
 
     def accumulating(self, last: bool):
-        return accumulation_context(self.model, last)
+        return accumulation_context(self.model, last, self.run.strategy.fsdp_accumulate)
 
 
 STRATEGY = FSDP

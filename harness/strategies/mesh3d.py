@@ -1,8 +1,8 @@
-"""3d: data x tensor x pipeline parallel on one DeviceMesh with named axes ("pp", "dp", "tp").
+"""3d: data x context x tensor x pipeline parallel on one DeviceMesh (axes "pp", "dp", "cp", "tp").
 
 Rank placement is ParallelDims': tp innermost, then dp, then pp,
 
-    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+    rank = pp_rank * (dp * cp * tp) + dp_rank * (cp * tp) + cp_rank * tp + tp_rank
 
 so a tp group is adjacent ranks (inside a node, where its per-layer all-reduces are cheapest) and the
 pipeline's point-to-point sends cross the widest stride. Every rank builds the stages its pp
@@ -11,10 +11,14 @@ each stage's module is parallelised in this fixed order before it becomes a Pipe
 
     1. tensor parallel on mesh["tp"]   (apply_tensor_parallel, models/tp_plan.py): shards the linear
        layers first, because FSDP/DDP must see the final (DTensor) parameters they manage;
+    1b. context parallel on mesh["cp"] (apply_context_parallel, harness/strategies/cp.py): attention
+       gathers K/V over cp; each rank keeps its 2 of the 2*cp sequence chunks (train_step cuts them);
     2. activation checkpointing        (the model's own per-block / attention-core checkpoint(), set
        again here so it wraps the TP-sharded blocks);
     3. data parallel on mesh["dp"]     strategy.dp_shard=fsdp: FSDP2 per block then the stage root
-       (apply_fsdp; over TP DTensors this gives 2-D (dp, tp) shards); =ddp: DDP on the dp group;
+       (apply_fsdp; over TP DTensors this gives 2-D (dp, tp) shards; HSDP with dp_replicate > 1);
+       =ddp: DDP on the dp group; =zero1: no wrapper, the distributed optimizer reduce-scatters
+       at the step (harness/strategies/distributed_optimizer.py). With cp > 1 the group is dp x cp;
     4. pipeline stage on mesh["pp"]    (PipelineStage(group=mesh["pp"].get_group())).
 
 Communication per step, for each axis: tp: 2 all-reduces of (B, T, h) per block forward and 2
@@ -29,25 +33,60 @@ from __future__ import annotations
 
 import contextlib
 
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining import PipelineStage
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.strategies.fsdp import apply_fsdp
+from harness.strategies.cp import apply_context_parallel, local_positions, shard_sequence
+from harness.strategies.distributed_optimizer import DistributedOptimizer
+from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
 from harness.strategies.pp import PipelineStrategy
 from harness.strategies.tp import apply_tensor_parallel, loss_parallel_context
 
 
+class ShardedAccumulationStage(PipelineStage):
+    """A stage whose FSDP reduce-scatters and reshards after every micro-batch's backward
+    (strategy.fsdp_accumulate=sharded); torch's stage defers both to the step's last backward."""
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        out = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        if isinstance(self.submod, FSDPModule) and backward_type in ("full", "weight"):
+            self.submod.set_requires_gradient_sync(True)  # the grads of this micro-batch are complete now
+            self.submod.set_reshard_after_backward(True)
+            state = self.submod._get_fsdp_state()
+            for st in state._state_ctx.all_states:
+                for group in st._fsdp_param_groups:
+                    group.post_backward()  # reduce-scatter into the sharded grads, then reshard
+        return out
+
+
 class Mesh3D(PipelineStrategy):
+    @property
+    def data_parallel(self) -> int:
+        return self.dims.dp * self.dims.cp  # cp ranks hold other tokens of the same sequences
+
+    def data_group(self):
+        return (self.mesh["dp_cp"] if self.dims.cp > 1 else self.mesh["dp"]).get_group()
+
+    @property
+    def stage_class(self):
+        s = self.run.strategy
+        sharded = s.dp_shard == "fsdp" and s.fsdp_accumulate == "sharded" and self.data_parallel > 1
+        return ShardedAccumulationStage if sharded else PipelineStage
+
     def parallelize_stage(self, module):
         run, mesh = self.run, self.mesh
         module = module.to(self.device)
         module = apply_tensor_parallel(module, mesh["tp"], run)  # 1. TP
+        if self.dims.cp > 1:  # 1b. CP
+            module = apply_context_parallel(module, mesh["cp"], run, self.device)
         module.set_activation_checkpointing(run.workload.activation_checkpointing)  # 2. AC
-        if self.dims.dp > 1:  # 3. data parallel
+        if self.data_parallel > 1 and run.strategy.dp_shard != "zero1":  # 3. data parallel
             if run.strategy.dp_shard == "fsdp":
-                module = apply_fsdp(module, mesh["dp"], run)
+                module = apply_fsdp(module, fsdp_mesh(mesh, self.dims), run)
             else:
                 device_ids = [self.device.index] if self.device.type == "cuda" else None
-                module = DDP(module, device_ids=device_ids, process_group=mesh["dp"].get_group(),
+                module = DDP(module, device_ids=device_ids, process_group=self.data_group(),
                              bucket_cap_mb=run.strategy.bucket_cap_mb)
                 # The pipeline stage decides when DDP syncs: it runs every forward in no_sync and arms
                 # the reducer itself before each stage's last backward. Left on, DDP's own forward
@@ -57,9 +96,26 @@ class Mesh3D(PipelineStrategy):
                 module.require_backward_grad_sync = False
         return module  # 4. the caller (PipelineStrategy.setup) makes it a PipelineStage on mesh["pp"]
 
+    def make_optimizer(self, params, foreach=None):
+        if self.run.strategy.dp_shard == "zero1" and self.data_parallel > 1:
+            return DistributedOptimizer(params, self.data_group(), lambda ps: super(Mesh3D, self).make_optimizer(ps, foreach))
+        return super().make_optimizer(params, foreach)
+
+    def train_step(self, microbatches):
+        if self.dims.cp > 1:  # this rank's 2 of the 2*cp sequence chunks (harness/strategies/cp.py)
+            cp_rank = self.mesh["cp"].get_local_rank()
+            microbatches = shard_sequence(microbatches, local_positions(self.run.model.seq_len, self.dims.cp, cp_rank))
+        return super().train_step(microbatches)
+
+    def state_tensors(self):
+        out = super().state_tensors()
+        if isinstance(self.optimizer, DistributedOptimizer):
+            out.update(self.optimizer.state_tensors())
+        return out
+
     def autocast(self):
         # FSDP's MixedPrecisionPolicy casts params and inputs itself (harness/strategies/fsdp.py)
-        if self.dims.dp > 1 and self.run.strategy.dp_shard == "fsdp":
+        if self.data_parallel > 1 and self.run.strategy.dp_shard == "fsdp":
             return contextlib.nullcontext()
         return super().autocast()
 

@@ -49,6 +49,8 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": S
 
 
 class PipelineStrategy(Strategy):
+    stage_class = PipelineStage  # 3d swaps in a stage that reduce-scatters every micro-batch (fsdp_accumulate)
+
     @property
     def loss_owner(self) -> bool:
         c = self.dims.coords(dist.get_rank())
@@ -72,7 +74,7 @@ class PipelineStrategy(Strategy):
         modules = [self.parallelize_stage(stage_module(model, splits[i])) for i in self.stage_ids]
         del model  # each stage module is a pruned copy; the worker's full model is not used again
         pp_group = self.mesh["pp"].get_group()
-        stages = [PipelineStage(m, i, d.num_stages, self.device, group=pp_group)
+        stages = [self.stage_class(m, i, d.num_stages, self.device, group=pp_group)
                   for m, i in zip(modules, self.stage_ids)]
         self.timeline = Timeline(self.device, forward_context=self.autocast)
         for st in stages:

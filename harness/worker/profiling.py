@@ -29,6 +29,9 @@ from harness.worker import measure
 from harness.collect import trace_analysis
 
 FR_BUFFER_SIZE = 20_000  # flight-recorder ring buffer (entries); the worker exports it before init
+# Gradient-sync groups counted as dp traffic: dp_rep (replicas of an ep group sync expert grads), the
+# HSDP shard group, and with context parallel the dp x cp groups FSDP / DDP reduce over
+DATA_GROUPS = ("dp", "dp_rep", "dp_shard", "dp_shard_cp", "dp_cp")
 AB_MIN_PAIRS = 3  # A/B step pairs at least: a median of 3 resists one noisy step
 
 
@@ -56,12 +59,12 @@ def process_groups(mesh, dims) -> dict[str, dict]:
 
     rank = dist.get_rank()
     by_identity: dict[str, list[str]] = {}
-    for dim in (*(mesh.mesh_dim_names or ()), "dp") if mesh is not None else ():
+    for dim in (*(mesh.mesh_dim_names or ()), *DATA_GROUPS) if mesh is not None else ():
         try:
             name = c10d._get_process_group_name(mesh[dim].get_group())
         except Exception:  # noqa: BLE001 - an axis this mesh does not have
             continue
-        axis = "dp" if dim == "dp_rep" else dim  # dp_rep: replicas of an ep group sync expert grads: dp traffic
+        axis = "dp" if dim in DATA_GROUPS else dim
         if mesh[dim].size() > 1 and axis not in by_identity.get(name, []):
             by_identity.setdefault(name, []).append(axis)
     out = {}

@@ -1,0 +1,65 @@
+"""Refusals for the layouts of issue 14: HSDP (dp_replicate), context parallel (cp), the distributed
+optimizer (dp_shard=zero1, zero1_impl) and FSDP's accumulation modes. Pure (no torch); each message
+shows the arithmetic or names the field that makes the config meaningless."""
+from __future__ import annotations
+
+from harness import catalog
+from harness.dims import ConfigError, ParallelDims
+
+ZERO1_IMPLS = ("torch_zero", "distributed")
+FSDP_ACCUMULATE = ("unsharded", "sharded")
+
+
+def runs_fsdp(s) -> bool:
+    """Whether this strategy config shards with FSDP2 (the only one HSDP and fsdp_accumulate apply to)."""
+    return catalog.state_family(s.name, s.engine, s.zero_stage, s.dp_shard) == "sharded"
+
+
+def reads_dp_shard(s) -> bool:
+    return s.engine == "torch" and catalog.strategy(s.name).states == "by_dp_shard"
+
+
+def validate_layouts(run, dims: ParallelDims) -> None:
+    s, m = run.strategy, run.model
+    if s.dp_shard not in catalog.DP_SHARD:
+        raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: {', '.join(catalog.DP_SHARD)}")
+    if s.dp_shard != catalog.DEFAULT_DP_SHARD and not reads_dp_shard(s):
+        raise ConfigError(f"strategy.dp_shard={s.dp_shard} means nothing for strategy {s.name}: only 3d reads it "
+                          f"(plain zero1 takes strategy.zero1_impl=distributed instead)")
+    if s.zero1_impl not in ZERO1_IMPLS:
+        raise ConfigError(f"unknown zero1_impl '{s.zero1_impl}'; available: {', '.join(ZERO1_IMPLS)}")
+    if s.zero1_impl != "torch_zero" and not (s.engine == "torch" and catalog.strategy(s.name).states == "zero1_torch"):
+        raise ConfigError(f"strategy.zero1_impl={s.zero1_impl} means nothing for strategy {s.name} "
+                          f"(engine {s.engine}): it chooses zero1's optimizer on engine torch; in 3d use "
+                          f"strategy.dp_shard=zero1")
+    if (s.zero1_impl == "distributed" or s.dp_shard == "zero1") and s.comm_hook != "none":
+        raise ConfigError(f"comm_hook {s.comm_hook} compresses DDP's all-reduce; the distributed optimizer "
+                          f"reduce-scatters its own flat buffer: use comm_hook=none")
+    if (s.zero1_impl == "distributed" or s.dp_shard == "zero1") and run.workload.precision == "fp16-mixed":
+        raise ConfigError("fp16-mixed needs a loss scaler that unscales and checks every rank's grads; the "
+                          "distributed optimizer steps a flat slice it does not coordinate: use bf16-mixed or fp32")
+    if s.fsdp_accumulate not in FSDP_ACCUMULATE:
+        raise ConfigError(f"unknown fsdp_accumulate '{s.fsdp_accumulate}'; available: {', '.join(FSDP_ACCUMULATE)}")
+    if s.fsdp_accumulate != "unsharded" and not runs_fsdp(s):
+        raise ConfigError(f"strategy.fsdp_accumulate={s.fsdp_accumulate} applies to FSDP2 only (fsdp, zero2, "
+                          f"zero3 and 3d with dp_shard=fsdp, engine torch); strategy {s.name} "
+                          f"(engine {s.engine}, dp_shard {s.dp_shard}) does not shard with FSDP")
+    if dims.dp_replicate > 1:
+        if not runs_fsdp(s):
+            raise ConfigError(f"dp_replicate {dims.dp_replicate} (HSDP) needs FSDP2: strategy fsdp, zero2 or zero3 on "
+                              f"engine torch, or 3d with dp_shard=fsdp; got {s.name} (engine {s.engine}, "
+                              f"dp_shard {s.dp_shard})")
+    if dims.cp > 1:
+        if m.seq_len % (2 * dims.cp):
+            raise ConfigError(f"seq_len {m.seq_len} not divisible by 2 x cp = {2 * dims.cp}: the sequence is cut "
+                              f"into 2*cp chunks for causal load balance ({m.seq_len} % {2 * dims.cp} = "
+                              f"{m.seq_len % (2 * dims.cp)})")
+        if m.attention not in ("sdpa", "eager"):
+            raise ConfigError(f"context parallel supports attention sdpa and eager, not '{m.attention}'")
+        if m.n_experts:
+            raise ConfigError(f"context parallel with MoE (model {m.name}: n_experts {m.n_experts}) is not "
+                              f"supported: the load-balancing loss is E * sum_e mean(p_e) * frac(e) over a "
+                              f"micro-batch's tokens, a product of means that does not split over sequence chunks")
+        if dims.tp > 1 and s.sequence_parallel:
+            raise ConfigError(f"cp {dims.cp} with sequence_parallel is not supported: both would split the "
+                              f"sequence dimension (set strategy.sequence_parallel=false)")

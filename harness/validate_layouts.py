@@ -44,6 +44,11 @@ def validate_layouts(run, dims: ParallelDims) -> None:
         raise ConfigError(f"strategy.fsdp_accumulate={s.fsdp_accumulate} applies to FSDP2 only (fsdp, zero2, "
                           f"zero3 and 3d with dp_shard=fsdp, engine torch); strategy {s.name} "
                           f"(engine {s.engine}, dp_shard {s.dp_shard}) does not shard with FSDP")
+    if m.n_experts and reads_dp_shard(s) and dims.dp > 1 and s.dp_shard != "ddp":
+        raise ConfigError(f"MoE in 3d (model {m.name}: n_experts {m.n_experts}) reduces dense grads over dp and "
+                          f"expert grads over dp/ep replicas itself, as strategy=ep does; dp_shard={s.dp_shard} "
+                          f"(FSDP or the distributed optimizer over experts) is not implemented: use "
+                          f"strategy.dp_shard=ddp")
     if dims.dp_replicate > 1:
         if not runs_fsdp(s):
             raise ConfigError(f"dp_replicate {dims.dp_replicate} (HSDP) needs FSDP2: strategy fsdp, zero2 or zero3 on "

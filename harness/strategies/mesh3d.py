@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.strategies.cp import apply_context_parallel, local_positions, shard_sequence
 from harness.strategies.distributed_optimizer import DistributedOptimizer
 from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
+from harness.strategies.moe3d import MoEStages
 from harness.strategies.pp import PipelineStrategy
 from harness.strategies.tp import apply_tensor_parallel, loss_parallel_context
 
@@ -74,14 +75,26 @@ class Mesh3D(PipelineStrategy):
         sharded = s.dp_shard == "fsdp" and s.fsdp_accumulate == "sharded" and self.data_parallel > 1
         return ShardedAccumulationStage if sharded else PipelineStage
 
+    def setup(self, model):
+        # MoE blocks (4D): ep dispatch, the aux loss across stages, brigade's own grad reduction
+        self.moe = MoEStages(self.run, self.dims, self.mesh, self._microbatches()) if self.run.model.n_experts else None
+        super().setup(model)
+
+    def _microbatches(self) -> int:
+        from harness.validate import num_microbatches
+
+        return num_microbatches(self.run, self.dims)
+
     def parallelize_stage(self, module):
         run, mesh = self.run, self.mesh
         module = module.to(self.device)
+        if self.moe is not None:
+            self.moe.prepare(module)  # 0. experts over ep (before TP: the plan leaves MoE MLPs replicated)
         module = apply_tensor_parallel(module, mesh["tp"], run)  # 1. TP
         if self.dims.cp > 1:  # 1b. CP
             module = apply_context_parallel(module, mesh["cp"], run, self.device)
         module.set_activation_checkpointing(run.workload.activation_checkpointing)  # 2. AC
-        if self.data_parallel > 1 and run.strategy.dp_shard != "zero1":  # 3. data parallel
+        if self.data_parallel > 1 and run.strategy.dp_shard != "zero1" and self.moe is None:  # 3. data parallel
             if run.strategy.dp_shard == "fsdp":
                 module = apply_fsdp(module, fsdp_mesh(mesh, self.dims), run)
             else:
@@ -105,7 +118,16 @@ class Mesh3D(PipelineStrategy):
         if self.dims.cp > 1:  # this rank's 2 of the 2*cp sequence chunks (harness/strategies/cp.py)
             cp_rank = self.mesh["cp"].get_local_rank()
             microbatches = shard_sequence(microbatches, local_positions(self.run.model.seq_len, self.dims.cp, cp_rank))
-        return super().train_step(microbatches)
+        total = super().train_step(microbatches)
+        if self.moe is not None:
+            aux = self.moe.step_aux(self.device)  # every stage's load-balancing loss, as single reports it
+            total = None if total is None else total + aux
+        return total
+
+    def optimizer_step(self) -> None:
+        if self.moe is not None:
+            self.moe.reduce_grads(self.model.named_parameters())
+        super().optimizer_step()
 
     def state_tensors(self):
         out = super().state_tensors()

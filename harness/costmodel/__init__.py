@@ -19,6 +19,7 @@ anywhere. One formula per function, each citing its source:
     memory_peak.py  the worst rank's peak memory
     estimate.py     the assembled prediction; details.py the figures only predict adds
     published.py    the cost model against published GPU runs (docs/published_runs.yaml)
+    layouts4d.py    HSDP (dp_replicate) and context parallel (cp) over the base estimate
 
 What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.
 
@@ -32,12 +33,19 @@ def predict(run, dims) -> dict:
     """Predicted figures for one config (RunConfig, ParallelDims), under the same names as the measured ones."""
     from harness.costmodel.estimate import evaluate
     from harness.costmodel.inputs import Hardware, Model, Strategy
+    from harness.costmodel import layouts4d
     from harness.validate import num_microbatches
 
     w = run.workload
     m = num_microbatches(run, dims)
-    out = evaluate(Model.of(run.model), Hardware.of(run.hardware), Strategy.of(run.strategy), dims.dp, dims.tp,
-                   dims.pp, dims.vpp, dims.ep, w.micro_batch_size, m, w.precision, w.activation_checkpointing,
-                   nodes=run.launcher.nodes, detail=True, weight_decay=w.weight_decay)
+    hw, st = Hardware.of(run.hardware), Strategy.of(run.strategy)
+
+    def at(dp: int) -> dict:  # the base estimate at data degree dp (HSDP, cp: harness/costmodel/layouts4d.py)
+        return evaluate(Model.of(run.model), hw, st, dp, dims.tp, dims.pp, dims.vpp, dims.ep, w.micro_batch_size, m,
+                        w.precision, w.activation_checkpointing, nodes=run.launcher.nodes, detail=True,
+                        weight_decay=w.weight_decay)
+    out = at(layouts4d.base_data_degree(dims, False))
+    shard = at(layouts4d.base_data_degree(dims, True)) if dims.dp_replicate > 1 else None
+    out = layouts4d.adjust(out, shard, run, dims, hw, m)
     out["hardware"] = run.hardware.name
     return out

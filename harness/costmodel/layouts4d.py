@@ -1,0 +1,107 @@
+"""Cost-model terms for HSDP (dp_replicate), context parallel (cp) and their placement: small
+functions over the base estimate (estimate.py), which knows dp, tp, pp and ep only.
+
+How a layout maps onto the base estimate (per rank, exact where the base is exact):
+  - the gradient-sync group of cp is dp x cp (FSDP / DDP / distributed optimizer reduce over it),
+    so model states and dp traffic are the base's at data degree dp * cp;
+  - HSDP shards over dp_shard (x cp): states and the shard group's all-gathers / reduce-scatters
+    are the base's at data degree dp_shard * cp; the replicas add hsdp_replicate_bytes;
+  - everything per token (FLOPs, activations, tp all-reduces, pp sends) runs on s / cp tokens of
+    each sequence: the base's figures / cp. Attention FLOPs are unchanged in total: the
+    load-balanced chunks (harness/strategies/cp.py) give every rank 1/cp of the causal work.
+Time of the added collectives: α-β (comm.time_s) on the link their placement gives (ranks of a
+group within one node: intra), exposed in full on CPU, as estimate.py treats tp.
+"""
+from __future__ import annotations
+
+from harness.costmodel import comm
+from harness.costmodel.memory import ACT_BYTES
+
+PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
+             "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s")
+
+
+STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
+
+
+def shard_rank(dims, rank: int) -> int:
+    """A world rank's index in the estimate at data degree dp_shard * cp (HSDP): its replica dropped."""
+    c = dims.coords(rank)
+    return (c["pp"] * dims.dp_shard * dims.cp + c["dp_shard"] * dims.cp + c["cp"]) * dims.tp + c["tp"]
+
+
+def base_data_degree(dims, hsdp_sharded: bool) -> int:
+    """The data degree the base estimate runs at for this layout (see the module docstring)."""
+    return (dims.dp_shard if hsdp_sharded else dims.dp) * dims.cp
+
+
+def cp_comm_bytes(mb: int, m: int, seq_len: int, d_model: int, tp: int, cp: int, layers: int, precision: str,
+                  ckpt: str) -> tuple[float, int]:
+    """(bytes one rank sends on the cp axis per step, collective calls). Per layer and micro-batch:
+    K and V all-gathered forward, their grads reduce-scattered backward, each (cp-1) x the local
+    (mb, s/cp, h/tp) tensor (nccl-tests bus bytes); checkpointing that re-runs attention gathers again."""
+    if cp <= 1:
+        return 0.0, 0
+    local = mb * (seq_len // cp) * (d_model // tp) * ACT_BYTES[precision]
+    per_layer = 4 + (2 if ckpt in ("selective", "full") else 0)
+    calls = m * layers * per_layer
+    return calls * (cp - 1) * local, calls
+
+
+def hsdp_replicate_bytes(grad_shard_bytes: float, replicate: int, reductions: int) -> float:
+    """Bytes one rank sends on the dp_replicate axis per step: the reduce-scattered fp32 grad shard
+    all-reduced over the R replicas (FSDP2 HSDP), 2(R-1)/R of it, `reductions` times (1 per step,
+    or m with fsdp_accumulate=sharded)."""
+    return reductions * comm.volume("all_reduce", replicate, grad_shard_bytes)
+
+
+def _link(hw, coll: str, n: int, stride: int, ranks_per_node: int):
+    return comm.collective_link(hw, coll, n, stride * n <= ranks_per_node)
+
+
+def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
+    """The base prediction `out` (at data degree dp * cp) -> this layout's. `shard`: the base at
+    dp_shard * cp for HSDP (its model states and shard-group traffic), else None."""
+    cp, w, md = dims.cp, run.workload, run.model
+    if shard is not None:  # HSDP: states and the shard group's traffic are the shard group's
+        # rank r of the world is rank shard_rank(r) of the shard group's estimate (same rank order)
+        ranks = [shard_rank(dims, r) for r in range(dims.world_size)]
+        for key in STATES:
+            out[key] = shard[key]
+            if isinstance(shard.get(f"{key}_per_rank"), list):
+                out[f"{key}_per_rank"] = [shard[f"{key}_per_rank"][i] for i in ranks]
+        extra_dp_s = shard["comm_dp_time_s"] - out["comm_dp_time_s"]
+        out["comm_dp_bytes"], out["comm_dp_time_s"] = shard["comm_dp_bytes"], shard["comm_dp_time_s"]
+        reductions = m if run.strategy.fsdp_accumulate == "sharded" else 1
+        rep_bytes = hsdp_replicate_bytes(shard["grads_bytes"], dims.dp_replicate, reductions)
+        rpn = out.get("ranks_per_node", dims.world_size)
+        link = _link(hw, "all_reduce", dims.dp_replicate, dims.dp_shard * cp * dims.tp, rpn)
+        units = md.n_layers // dims.pp + 1  # one all-reduce per FSDP unit and reduction
+        rep_s = reductions * units * link.alpha_s + rep_bytes / link.bw_Bps
+        out["comm_dp_replicate_bytes"], out["comm_dp_replicate_time_s"] = rep_bytes, rep_s
+        out["step_time_s"] += extra_dp_s + rep_s
+        out["comm_time_s"] += extra_dp_s + rep_s
+        out["comm_exposed_time_s"] += extra_dp_s + rep_s
+    if cp > 1:
+        old = {k: out.get(k) for k in ("matmul_time_s", "bubble_time_s", "comm_tp_time_s", "comm_pp_time_s")}
+        for key in PER_TOKEN:
+            if isinstance(out.get(key), (int, float)):
+                out[key] = out[key] / cp
+        if isinstance(out.get("activations_bytes_per_rank"), list):
+            out["activations_bytes_per_rank"] = [a / cp for a in out["activations_bytes_per_rank"]]
+        saved = sum((v or 0.0) for v in old.values()) * (1 - 1 / cp)
+        cp_bytes, calls = cp_comm_bytes(w.micro_batch_size, m, md.seq_len, md.d_model, dims.tp, cp,
+                                        md.n_layers // dims.pp, w.precision, w.activation_checkpointing)
+        rpn = out.get("ranks_per_node", dims.world_size)
+        link = _link(hw, "all_gather", cp, dims.tp, rpn)
+        cp_s = calls * link.alpha_s + cp_bytes / link.bw_Bps
+        out["comm_cp_bytes"], out["comm_cp_time_s"] = cp_bytes, cp_s
+        out["step_time_s"] += cp_s - saved
+        out["comm_time_s"] += cp_s
+        out["comm_exposed_time_s"] += cp_s
+    out.setdefault("comm_cp_bytes", 0.0)
+    out.setdefault("comm_dp_replicate_bytes", 0.0)
+    tokens = w.micro_batch_size * m * dims.dp * md.seq_len
+    out["tokens_per_s"] = tokens / out["step_time_s"]
+    out["tokens_per_s_per_device"] = out["tokens_per_s"] / dims.world_size
+    return out

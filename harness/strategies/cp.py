@@ -58,16 +58,24 @@ class ContextParallelAttention:
         return att @ v
 
 
-def apply_context_parallel(module, cp_mesh, run, device):
+def cp_group(dims):
+    """This rank's cp process group, made for the K/V exchange alone (every rank must call this, in
+    the same order). Not mesh["cp"]: at dp = 1 torch may hand the dp x cp gradient group and the cp
+    group out as one process group, and the profiled window could not tell FSDP's traffic from
+    attention's (harness/profiling.py names a group's axis by identity)."""
+    import torch.distributed as dist
+
+    group, _ = dist.new_subgroups_by_enumeration(dims.groups("cp"))
+    return group
+
+
+def apply_context_parallel(module, group, run, dims, cp_rank: int, device):
     """Give every attention of `module` (a model or a pipeline stage) the cp core, and its
-    embeddings (if it has them) this rank's positions. A no-op at cp = 1."""
-    if cp_mesh is None or cp_mesh.size() == 1:
-        return module
-    cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
-    core = ContextParallelAttention(cp_mesh.get_group(), run.model.seq_len, cp, rank, device)
+    embeddings (if it has them) this rank's positions."""
+    core = ContextParallelAttention(group, run.model.seq_len, dims.cp, cp_rank, device)
     for block in module.blocks.values():
         block.attn.context_parallel = core
-    module.positions = local_positions(run.model.seq_len, cp, rank).to(device)
+    module.positions = local_positions(run.model.seq_len, dims.cp, cp_rank).to(device)
     return module
 
 

@@ -11,7 +11,7 @@ each stage's module is parallelised in this fixed order before it becomes a Pipe
 
     1. tensor parallel on mesh["tp"]   (apply_tensor_parallel, models/tp_plan.py): shards the linear
        layers first, because FSDP/DDP must see the final (DTensor) parameters they manage;
-    1b. context parallel on mesh["cp"] (apply_context_parallel, harness/strategies/cp.py): attention
+    1b. context parallel over cp       (apply_context_parallel, harness/strategies/cp.py): attention
        gathers K/V over cp; each rank keeps its 2 of the 2*cp sequence chunks (train_step cuts them);
     2. activation checkpointing        (the model's own per-block / attention-core checkpoint(), set
        again here so it wraps the TP-sharded blocks);
@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.strategies.cp import apply_context_parallel, local_positions, shard_sequence
+from harness.strategies.cp import apply_context_parallel, cp_group, local_positions, shard_sequence
 from harness.strategies.distributed_optimizer import DistributedOptimizer
 from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
 from harness.strategies.moe3d import MoEStages
@@ -78,6 +79,8 @@ class Mesh3D(PipelineStrategy):
     def setup(self, model):
         # MoE blocks (4D): ep dispatch, the aux loss across stages, brigade's own grad reduction
         self.moe = MoEStages(self.run, self.dims, self.mesh, self._microbatches()) if self.run.model.n_experts else None
+        self.cp_rank = self.dims.coords(torch.distributed.get_rank())["cp"]
+        self.cp_group = cp_group(self.dims) if self.dims.cp > 1 else None
         super().setup(model)
 
     def _microbatches(self) -> int:
@@ -92,7 +95,7 @@ class Mesh3D(PipelineStrategy):
             self.moe.prepare(module)  # 0. experts over ep (before TP: the plan leaves MoE MLPs replicated)
         module = apply_tensor_parallel(module, mesh["tp"], run)  # 1. TP
         if self.dims.cp > 1:  # 1b. CP
-            module = apply_context_parallel(module, mesh["cp"], run, self.device)
+            module = apply_context_parallel(module, self.cp_group, run, self.dims, self.cp_rank, self.device)
         module.set_activation_checkpointing(run.workload.activation_checkpointing)  # 2. AC
         if self.data_parallel > 1 and run.strategy.dp_shard != "zero1" and self.moe is None:  # 3. data parallel
             if run.strategy.dp_shard == "fsdp":
@@ -116,8 +119,7 @@ class Mesh3D(PipelineStrategy):
 
     def train_step(self, microbatches):
         if self.dims.cp > 1:  # this rank's 2 of the 2*cp sequence chunks (harness/strategies/cp.py)
-            cp_rank = self.mesh["cp"].get_local_rank()
-            microbatches = shard_sequence(microbatches, local_positions(self.run.model.seq_len, self.dims.cp, cp_rank))
+            microbatches = shard_sequence(microbatches, local_positions(self.run.model.seq_len, self.dims.cp, self.cp_rank))
         total = super().train_step(microbatches)
         if self.moe is not None:
             aux = self.moe.step_aux(self.device)  # every stage's load-balancing loss, as single reports it

@@ -59,7 +59,9 @@ def process_groups(mesh, dims) -> dict[str, dict]:
 
     rank = dist.get_rank()
     by_identity: dict[str, list[str]] = {}
-    for dim in (*(mesh.mesh_dim_names or ()), *DATA_GROUPS) if mesh is not None else ():
+    # data groups first: one that is also a mesh axis' group (dp x cp at dp = 1 is the cp axis' ranks)
+    # carries gradient traffic; context parallel's K/V exchange has a group of its own (strategies/cp.py)
+    for dim in (*DATA_GROUPS, *(mesh.mesh_dim_names or ())) if mesh is not None else ():
         try:
             name = c10d._get_process_group_name(mesh[dim].get_group())
         except Exception:  # noqa: BLE001 - an axis this mesh does not have

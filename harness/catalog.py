@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AXES = ("dp", "tp", "pp", "ep", "cp")  # mesh axes a strategy can use (harness/dims.py places them)
+# axes whose traffic is counted apart (measured and predicted comm_<axis>_bytes): HSDP's replicas too
+COMM_AXES = (*AXES, "dp_replicate")
 ENGINES = ("torch", "deepspeed")
 # Element size of the low-precision copies (activations, bf16/fp16 params and grads) per precision;
 # fp32 master weights and AdamW state stay 4 bytes whatever the precision.
@@ -67,6 +69,7 @@ DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distrib
 # zero1's strategy.zero1_impl: ZeroRedundancyOptimizer, or the distributed optimizer (family "distributed")
 ZERO1_IMPL = {"torch_zero": "zero1_torch", "distributed": "distributed"}
 DEFAULT_DP_SHARD = "fsdp"
+MOE_DP_SHARD = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe3d.py)
 
 
 # What schema 1 configs said per strategy before this catalog held it: (axes, impl). Only run_id

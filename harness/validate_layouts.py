@@ -32,10 +32,11 @@ def validate_layouts(run, dims: ParallelDims) -> None:
         raise ConfigError(f"strategy.zero1_impl={s.zero1_impl} means nothing for strategy {s.name} "
                           f"(engine {s.engine}): it chooses zero1's optimizer on engine torch; in 3d use "
                           f"strategy.dp_shard=zero1")
-    if (s.zero1_impl == "distributed" or s.dp_shard == "zero1") and s.comm_hook != "none":
+    distributed = catalog.state_family(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "distributed"
+    if distributed and s.comm_hook != "none":
         raise ConfigError(f"comm_hook {s.comm_hook} compresses DDP's all-reduce; the distributed optimizer "
                           f"reduce-scatters its own flat buffer: use comm_hook=none")
-    if (s.zero1_impl == "distributed" or s.dp_shard == "zero1") and run.workload.precision == "fp16-mixed":
+    if distributed and run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs a loss scaler that unscales and checks every rank's grads; the "
                           "distributed optimizer steps a flat slice it does not coordinate: use bf16-mixed or fp32")
     if s.fsdp_accumulate not in FSDP_ACCUMULATE:
@@ -44,7 +45,7 @@ def validate_layouts(run, dims: ParallelDims) -> None:
         raise ConfigError(f"strategy.fsdp_accumulate={s.fsdp_accumulate} applies to FSDP2 only (fsdp, zero2, "
                           f"zero3 and 3d with dp_shard=fsdp, engine torch); strategy {s.name} "
                           f"(engine {s.engine}, dp_shard {s.dp_shard}) does not shard with FSDP")
-    if m.n_experts and reads_dp_shard(s) and dims.dp > 1 and s.dp_shard != "ddp":
+    if m.n_experts and reads_dp_shard(s) and dims.dp > 1 and s.dp_shard != catalog.MOE_DP_SHARD:
         raise ConfigError(f"MoE in 3d (model {m.name}: n_experts {m.n_experts}) reduces dense grads over dp and "
                           f"expert grads over dp/ep replicas itself, as strategy=ep does; dp_shard={s.dp_shard} "
                           f"(FSDP or the distributed optimizer over experts) is not implemented: use "

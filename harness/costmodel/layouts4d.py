@@ -15,7 +15,7 @@ group within one node: intra), exposed in full on CPU, as estimate.py treats tp.
 from __future__ import annotations
 
 from harness.costmodel import comm
-from harness.costmodel.memory import ACT_BYTES
+from harness.catalog import PRECISION_BYTES
 
 PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
              "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s")
@@ -42,7 +42,7 @@ def cp_comm_bytes(mb: int, m: int, seq_len: int, d_model: int, tp: int, cp: int,
     (mb, s/cp, h/tp) tensor (nccl-tests bus bytes); checkpointing that re-runs attention gathers again."""
     if cp <= 1:
         return 0.0, 0
-    local = mb * (seq_len // cp) * (d_model // tp) * ACT_BYTES[precision]
+    local = mb * (seq_len // cp) * (d_model // tp) * PRECISION_BYTES[precision]
     per_layer = 4 + (2 if ckpt in ("selective", "full") else 0)
     calls = m * layers * per_layer
     return calls * (cp - 1) * local, calls

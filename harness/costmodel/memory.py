@@ -11,6 +11,8 @@ params / grads / optimizer state, see harness/worker/measure.py):
   replicated  single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
               4 B params + 4 B grads + AdamW's exp_avg and exp_avg_sq (8 B) per parameter plus a 0-d
               fp32 `step` tensor (4 B) per parameter tensor, whatever the precision.
+  distributed the distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1): whole params and
+              grads, an even flat 1/dp slice of fp32 master + AdamW per rank (function below).
   zero1_torch torch ZeroRedundancyOptimizer: params and grads whole; whole parameters are assigned
               to ranks greedily, largest first, each to the rank with the fewest elements so far
               (ties: lowest rank), so optimizer bytes differ between ranks.
@@ -38,7 +40,8 @@ from harness.costmodel.params import n_tensors, numel
 
 def family(strategy) -> str:
     """Which engine holds the model states for this strategy config (harness/catalog.py)."""
-    return catalog.state_family(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard)
+    return catalog.state_family(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard,
+                                getattr(strategy, "zero1_impl", "torch_zero"))
 
 
 def _chunk(dim0: int, n: int, rank: int) -> int:
@@ -122,7 +125,16 @@ def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
     return [one for _ in dp_ranks]
 
 
-FAMILIES = {"replicated": replicate, "zero1_torch": zero1_torch, "sharded": fsdp, "deepspeed": deepspeed}
+def distributed(groups, dp, ep, precision, knobs, dp_ranks):
+    """The distributed optimizer (harness/strategies/distributed_optimizer.py): params and grads whole,
+    one flat buffer of n elements split evenly, s = ceil(n / dp) each: an fp32 master slice (4 s),
+    AdamW's moments on it (8 s) and one step tensor."""
+    n = numel(groups)
+    s = -(-n // dp)
+    return [(4 * n, 4 * n, 8 * s + 4, 4 * s) for _ in dp_ranks]
+
+
+FAMILIES = {"replicated": replicate, "zero1_torch": zero1_torch, "distributed": distributed, "sharded": fsdp, "deepspeed": deepspeed}
 
 
 @lru_cache(maxsize=65536)

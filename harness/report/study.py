@@ -16,6 +16,7 @@ from harness.labels import base_label, degrees, labels
 from harness.run import record as rec
 
 AXES = ("dp", "tp", "pp", "ep")
+COMM_AXES = (*AXES, "dp_replicate", "cp")  # axes with their own traffic (HSDP replicas, context parallel)
 MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
 
@@ -139,7 +140,7 @@ class Run:
         step = self.p("step_time_s")
         if not step:
             return None
-        out = {a: 100 * self.p(f"comm_{a}_time_s") / step for a in AXES if self.p(f"comm_{a}_time_s")}
+        out = {a: 100 * self.p(f"comm_{a}_time_s") / step for a in COMM_AXES if self.p(f"comm_{a}_time_s")}
         return out or None
 
     def comm_bytes(self, axis: str) -> tuple[float | None, float | None]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from harness.report import charts, png_paths, scaling
-from harness.report.study import AXES, load
+from harness.report.study import COMM_AXES, load
 
 
 def summary_dir(records_path: Path, study: str) -> Path:
@@ -54,7 +54,7 @@ def tables(study) -> dict[str, tuple[list[str], list[list]]]:
     comm_rows = []
     for r in study.ok_runs:
         meas, pred = r.comm_share_by_axis() or {}, r.predicted_comm_share_by_axis() or {}
-        for axis in AXES:
+        for axis in COMM_AXES:
             mb, pb = r.comm_bytes(axis)
             if axis in meas or axis in pred or mb or pb:
                 comm_rows.append([r.label, axis, meas.get(axis), pred.get(axis), mb, pb])

@@ -101,7 +101,14 @@ def test_typo_in_override_is_an_error(tmp_path):
 
 def test_rank_placement_tp_innermost():
     d = ParallelDims(dp=2, tp=2, pp=2, world_size=8)
-    assert d.coords(5) == {"pp": 1, "dp": 0, "tp": 1, "ep": 0}
+    assert d.coords(5) == {"pp": 1, "dp": 0, "tp": 1, "ep": 0, "cp": 0, "dp_replicate": 0, "dp_shard": 0}
     assert d.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert d.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert d.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # cp between tp and dp; HSDP's shard group is neighbouring dp ranks, replicas stride across it
+    d = ParallelDims(dp=4, dp_replicate=2, cp=2, world_size=8)
+    assert d.coords(5) == {"pp": 0, "dp": 2, "tp": 0, "ep": 0, "cp": 1, "dp_replicate": 1, "dp_shard": 0}
+    assert d.groups("cp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert d.groups("dp_shard") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert d.groups("dp_replicate") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert d.groups("dp_cp") == [list(range(8))]

@@ -104,10 +104,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         layer = {c: tokens * pt.layer_flops[c] / lo.matmul_rate for c in pt.layer_flops}
         head = tokens * pt.head_flops / lo.matmul_rate
     else:
-        gemm = layer_gemm_time(md, pl.tp, tokens, curve, pt.act_elem_bytes, bw, pl.slowdown)
-        core = _core_time(lo, tokens, curve)
-        head = sum(gemm_time(curve, *g, pt.act_elem_bytes, bw, pl.slowdown)
-                   for g in training_gemms(tokens, md.V / pl.tp, md.h))
+        gemm, core, head = _shape_times(lo, tokens, curve)
         layer = {"none": gemm + core, "selective": gemm + core * 4 / 3, "full": (gemm + core) * 4 / 3}
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
@@ -116,6 +113,25 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)
     lo.gemm_cache[mb] = out
     return out
+
+
+_SHAPE_TIMES: dict = {}  # the planner meets the same (shape, tp, tokens) in many layouts
+
+
+def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple[float, float, float]:
+    """(one layer's GEMMs, its attention core, the head's GEMMs) for `tokens` tokens, seconds."""
+    md, pl, pt = lo.model, lo.place, lo.per_token
+    key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, md.shape, md.cfg.attention,
+           lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype), pl.tp, tokens, pt.act_elem_bytes,
+           lo.mem_bw, pl.slowdown)
+    if key not in _SHAPE_TIMES:
+        if len(_SHAPE_TIMES) > 65536:
+            _SHAPE_TIMES.clear()
+        gemm = layer_gemm_time(md, pl.tp, tokens, curve, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
+        head = sum(gemm_time(curve, *g, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
+                   for g in training_gemms(tokens, md.V / pl.tp, md.h))
+        _SHAPE_TIMES[key] = (gemm, _core_time(lo, tokens, curve), head)
+    return _SHAPE_TIMES[key]
 
 
 def _core_time(lo, tokens: float, curve: GemmCurve) -> float:

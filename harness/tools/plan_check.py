@@ -1,7 +1,7 @@
 """`plan --run-top K`'s verdict: the planner's ranking of the layouts it ran against the measured one.
 
-After the sweep, each launched candidate is matched to its record (same strategy, degrees, schedule,
-micro-batch size and checkpointing) and the two rankings by tokens/s are compared with Spearman's
+After the sweep, each launched candidate is matched to its record (same strategy and knobs, degrees,
+schedule, micro-batch size and checkpointing; runs that failed have none) and the two rankings by tokens/s are compared with Spearman's
 rank correlation (ties get their mean rank; rho = Pearson's r of the ranks), plus whether the
 layout predicted best is within 10 % of the measured best.
 """
@@ -52,23 +52,22 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
-def record_key(r: dict) -> tuple:
-    c = r["config"]
-    s, p, w = c["strategy"], c["parallel"], c["workload"]
-    return (s["name"], p["dp"], p["tp"], p["pp"], p.get("vpp", 1), p.get("ep", 1),
-            s.get("schedule", "") if p["pp"] > 1 else "", w["micro_batch_size"], w["activation_checkpointing"])
-
-
-def candidate_key(c) -> tuple:
-    return (c.strategy, c.dp, c.tp, c.pp, c.vpp, c.ep, c.schedule if c.pp > 1 else "", c.mb, c.ckpt)
+def matches(c, r: dict) -> bool:
+    """Whether record r ran candidate c: strategy, its knobs, degrees, schedule, micro-batch, checkpointing."""
+    cfg = r["config"]
+    s, p, w = cfg["strategy"], cfg["parallel"], cfg["workload"]
+    knobs = {"sequence_parallel": False, **c.knobs}
+    return ((s["name"], p["dp"], p["tp"], p["pp"], p.get("vpp", 1), p.get("ep", 1), w["micro_batch_size"],
+             w["activation_checkpointing"]) == (c.strategy, c.dp, c.tp, c.pp, c.vpp, c.ep, c.mb, c.ckpt)
+            and (c.pp == 1 or s.get("schedule") == c.schedule) and all(s.get(k) == v for k, v in knobs.items()))
 
 
 def compare(launched: list, records: list[dict]) -> dict:
     """Rows (layout, predicted, measured tokens/s, ranks), rho and the best-within-10 % verdict."""
-    by_key = {record_key(r): r for r in records if r.get("status") == "ok"}
+    ok = [r for r in records if r.get("status") == "ok"]
     rows = []
     for c in launched:
-        r = by_key.get(candidate_key(c))
+        r = next((r for r in reversed(ok) if matches(c, r)), None)  # the latest record of that config
         if r is not None:
             rows.append({"layout": " ".join(c.overrides()), "predicted": r["predicted"]["tokens_per_s"],
                          "measured": r["measured"]["tokens_per_s"]})

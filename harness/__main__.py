@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -15,10 +17,22 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> dict:
+def run(cfg: DictConfig) -> dict:
     from harness.run.job import run_job
 
     return run_job(cfg)
+
+
+def main() -> None:
+    """Exit status: 0 every run ok, 2 some run invalid, 1 some run failed (harness/run/outcome.py)."""
+    from harness.run import outcome, preflight, signals
+
+    signals.install()  # SIGTERM/SIGINT/SIGHUP end the run in flight, record it, stop the sweep
+    status = preflight.check_invocation(sys.argv[1:])
+    if status is None:
+        run()
+        status = outcome.exit_status()
+    sys.exit(status)
 
 
 if __name__ == "__main__":

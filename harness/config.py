@@ -180,14 +180,16 @@ class RunConfig:
     study: str = "adhoc"  # records go to <results_dir>/<study>.jsonl
     series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
     results_dir: str = "results"
-    allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device
+    allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device (or, on CPU, the host)
+    allow_failures: bool = False  # exit 0 once every run has its record, even failed/invalid ones (harness/run/outcome.py)
     rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all
     fault: str = "none"  # test-only fault switch: none | crash_rank1 | hang_rank1
     report: bool = True  # write the HTML report at the end of a sweep
 
 
 # Fields that do not change what is measured: excluded from run_id so a resumed study matches.
-NON_SEMANTIC_KEYS = ("launcher", "logger", "plan", "results_dir", "rerun", "report", "study", "allow_oversubscribe_memory")
+NON_SEMANTIC_KEYS = ("launcher", "logger", "plan", "results_dir", "rerun", "report", "study", "allow_oversubscribe_memory",
+                     "allow_failures")
 
 
 def register_configs() -> None:
@@ -197,6 +199,18 @@ def register_configs() -> None:
     # inside a group: it would be offered as an option there (`strategy=strategy_schema`) in --help and
     # tab completion, and fail when chosen.
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    from omegaconf import OmegaConf
+
+    # conf/config.yaml's Hydra dirs: one per invocation (start time and pid), so two invocations of
+    # one study never share hydra/<study>/<job number>
+    OmegaConf.register_new_resolver("brigade_invocation", _invocation, use_cache=True, replace=True)
+
+
+def _invocation() -> str:
+    import os
+    import time
+
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def compose_run(overrides: list[str]) -> "RunConfig":

@@ -8,6 +8,7 @@ from __future__ import annotations
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig
 from harness.dims import ConfigError, ParallelDims
+from harness.domains import check_domains
 from harness.validate_layouts import validate_layouts
 
 CHECKPOINTING = ("none", "selective", "full")
@@ -33,6 +34,7 @@ def num_microbatches(run: RunConfig, dims: ParallelDims) -> int:
 
 def validate(run: RunConfig) -> ParallelDims:
     """Return the ParallelDims of a runnable config, or raise ConfigError saying why it cannot run."""
+    check_domains(run)  # every size >= 1, every rate finite: no rule below divides by zero
     m, s, p, w, hw = run.model, run.strategy, run.parallel, run.workload, run.hardware
     names = available_strategies()
     if s.name not in names:

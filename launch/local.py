@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import signals
+from harness.run import signals
 
 RUN_TOKEN_VAR = "BRIGADE_RUN_TOKEN"
 GRACE_S = 5.0  # SIGTERM -> SIGKILL; with the 0.2 s poll and the SIGKILL wait, a run is gone within ~10 s
@@ -183,6 +183,55 @@ except (OSError, AttributeError):
 def _die_with_parent() -> None:
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+HOST_MEMORY_SHARE = 0.9  # of MemAvailable: the parent, the page cache and other users keep the rest
+GiB = 1024**3
+
+
+def preflight(run, dims, predicted: dict) -> None:
+    """Refuse, before launch, what this machine cannot run: CUDA ranks without CUDA devices, and on
+    CPU, where every rank shares the host's memory, a sum of per-rank predictions over the host's."""
+    from harness.dims import ConfigError
+
+    nproc = dims.world_size // max(1, run.launcher.nodes)
+    if run.hardware.device == "cuda":
+        have, where = visible_gpus()
+        if have < nproc:
+            raise ConfigError(f"hardware {run.hardware.name} runs one CUDA device per rank: {nproc} rank(s) need "
+                              f"{nproc} device(s), this machine has {have} ({where}); use hardware=cpu here")
+    per_rank = predicted.get("peak_mem_bytes") or 0
+    avail = host_available_bytes()
+    if run.hardware.device == "cpu" and avail and not run.allow_oversubscribe_memory:
+        budget = HOST_MEMORY_SHARE * avail
+        if nproc * per_rank > budget:
+            raise ConfigError(f"on CPU the {nproc} ranks share this host's memory: {nproc} ranks x "
+                              f"{per_rank / GiB:.2f} GiB predicted peak = {nproc * per_rank / GiB:.1f} GiB > "
+                              f"{HOST_MEMORY_SHARE:.0%} of the {avail / GiB:.1f} GiB available (/proc/meminfo "
+                              f"MemAvailable) = {budget / GiB:.1f} GiB (allow_oversubscribe_memory=true runs it anyway)")
+
+
+def visible_gpus() -> tuple[int, str]:
+    """NVIDIA devices this process may use, from the driver's /proc listing and CUDA_VISIBLE_DEVICES
+    (no torch in the parent)."""
+    d = Path("/proc/driver/nvidia/gpus")
+    n = len(list(d.iterdir())) if d.is_dir() else 0
+    where = f"{n} in /proc/driver/nvidia/gpus"
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        n = min(n, len([v for v in vis.split(",") if v.strip() and not v.strip().startswith("-")]))
+        where += f", CUDA_VISIBLE_DEVICES={vis!r}"
+    return n, where
+
+
+def host_available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:

@@ -3,8 +3,9 @@
     compose (Hydra) -> RunConfig -> validate -> predict -> write frozen config -> launch ranks
     -> collect measurement.json -> one record appended to <results_dir>/<study>.jsonl -> W&B
 
-Every path through here ends in exactly one record (ok | invalid | failed | timeout | oom), and the
-function never raises for a bad run, so a sweep goes on past it.
+Every path through here ends in exactly one record (ok | invalid | failed | timeout | oom | diverged |
+interrupted) or says why not (already done, claimed by another invocation, the record could not be
+written), and the function never raises for a bad run, so a sweep goes on past it.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness import rundir
 from harness.rundir import write_atomic
+from harness.run import claim, outcome, preflight, signals
 from harness.run import record as rec
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
@@ -65,35 +67,44 @@ def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str) -> Path:
 def run_job(cfg: DictConfig) -> dict:
     """Hydra task function: run one config and return its record."""
     t0 = time.monotonic()
-    raw = OmegaConf.to_container(cfg, resolve=True)
+    raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)
+    unsafe = preflight.results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", "adhoc")))
+    if unsafe:  # no record: there is no safe file to put it in
+        outcome.note("invalid")
+        console.print(f"[yellow]invalid[/] {escape(unsafe)}")
+        return None
     try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        raw.pop("hydra", None)
         run = to_run_config(cfg)
         config = as_dict(run)
     except Exception as e:  # noqa: BLE001 - a type error in an override is an invalid config
         record = rec.make_record(raw, None, None, "invalid", f"{type(e).__name__}: {e}")
         return _finish(record, raw.get("results_dir", "results"), None, None)
 
+    if run.study != "adhoc":  # a named study: one invocation runs a config at a time (harness/run/claim.py)
+        held = claim.take(run.results_dir, run.study, rec.run_id(config))
+        if held:
+            console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
+            return None
     done = rec.already_done(config, run)
     if done is not None:
+        claim.release(done["run_id"])
+        outcome.note(done["status"], run.allow_failures)
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
                       f"in {rec.records_path(run.results_dir, run.study)}[/]")
         return {**done, "skipped": True}
 
-    from harness.costmodel import predict
-    from harness.validate import validate
-
     try:
-        dims = validate(run)
-        predicted = predict(run, dims)
-        need, have = predicted.get("peak_mem_bytes"), run.hardware.memory_GiB * GiB
-        if need and need > have and not run.allow_oversubscribe_memory:
-            raise ConfigError(f"predicted peak memory {need / GiB:.2f} GiB per device > {run.hardware.name} "
-                              f"memory {run.hardware.memory_GiB:.2f} GiB (allow_oversubscribe_memory=true runs it anyway)")
+        dims, predicted = _plan(run)
     except ConfigError as e:
         dims_or_none = _dims_if_valid(run)
         record = rec.make_record(config, run, dims_or_none, "invalid", str(e))
         return _finish(record, run.results_dir, run, None)
+    if signals.received():  # the parent was asked to stop: start nothing new (the sweep stops too)
+        claim.release(rec.run_id(config))
+        return None
 
     label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
@@ -116,6 +127,29 @@ def _task_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _plan(run: RunConfig) -> tuple[ParallelDims, dict]:
+    """Validate, predict and check the launcher's machine; ConfigError (with the arithmetic) if it cannot run."""
+    import importlib
+
+    from harness.costmodel import predict
+    from harness.validate import validate
+
+    dims = validate(run)
+    try:
+        predicted = predict(run, dims)
+    except Exception as e:  # noqa: BLE001 - a gap in validation must still end in a record, naming the bug
+        raise ConfigError(f"the cost model cannot evaluate this config ({type(e).__name__}: {e}); "
+                          f"validation should have refused it: a brigade bug, please report") from e
+    need, have = predicted.get("peak_mem_bytes"), run.hardware.memory_GiB * GiB
+    if need and need > have and not run.allow_oversubscribe_memory:
+        raise ConfigError(f"predicted peak memory {need / GiB:.2f} GiB per device > {run.hardware.name} "
+                          f"memory {run.hardware.memory_GiB:.2f} GiB (allow_oversubscribe_memory=true runs it anyway)")
+    preflight = getattr(importlib.import_module(f"launch.{run.launcher.name}"), "preflight", None)
+    if preflight:  # what only the launcher knows: this machine's devices and memory
+        preflight(run, dims, predicted)
+    return dims, predicted
 
 
 def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
@@ -146,37 +180,23 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label
 def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
     """Turn what the ranks left in run_dir into (status, error, measured, env)."""
     from harness.collect.aggregate import aggregate, environment
+    from harness.run import cause
 
-    errors = sorted(run_dir.glob(rundir.ERROR_GLOB))
-    mfile = run_dir / rundir.MEASUREMENT
-    if result.timed_out:
-        return "timeout", f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; ranks killed", {}, {}
-    if errors:
-        # The earliest error is the cause; the others are peers noticing the lost rank.
-        first = min((json.loads(e.read_text()) for e in errors), key=lambda e: e.get("time", 0))
-        status = "oom" if first.get("oom") else "failed"
-        return status, f"rank {first['rank']}: {first['type']}: {first['message']}", {}, {}
-    if not mfile.exists():
-        return "failed", f"workers exited with code {result.returncode}: {_tail(result.log_path)}", {}, {}
-    measurement = json.loads(mfile.read_text())
+    ended = cause.verdict(run, run_dir, result)
+    if ended is not None:
+        return (*ended, {}, {})
+    measurement = json.loads((run_dir / rundir.MEASUREMENT).read_text())
     try:
         measured = aggregate(run, dims, measurement)
-        if result.returncode != 0:
-            # Every rank's figures were gathered and written before the exit (e.g. a gloo teardown
-            # race in destroy_process_group under load): the run is measured; say what happened.
-            measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
-                                    f"measurement.json: {_tail(result.log_path, 5)}"]
-        return "ok", None, measured, environment(measurement["ranks"])
     except Exception as e:  # noqa: BLE001 - a bug in aggregation must still yield a record
         return "failed", f"aggregating measurement.json failed: {type(e).__name__}: {e}\n{traceback.format_exc()}", {}, {}
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(l for l in lines[-n:] if l.strip())[-2000:]
+    if result.returncode != 0:
+        # Every rank's figures were gathered and written before the exit (e.g. a gloo teardown
+        # race in destroy_process_group under load): the run is measured; say what happened.
+        measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
+                                f"measurement.json: {cause.log_tail(result.log_path, 5)}"]
+    diverged = cause.divergence(measured.get("losses"))
+    return ("diverged" if diverged else "ok"), diverged, measured, environment(measurement["ranks"])
 
 
 def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None, label: str = "") -> dict:
@@ -190,7 +210,17 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
         from harness.run.wandb_log import run_identity
 
         record["wandb"] = run_identity(record, run_dir, run.logger, label)  # known before logging: written with the record
-    rec.append(rec.records_path(results_dir, record["study"]), record)  # the record first: W&B can never lose it
+    path = rec.records_path(results_dir, record["study"])
+    try:
+        rec.append(path, record)  # the record first: W&B can never lose it
+    except OSError as e:  # all or nothing: nothing of it is in the file
+        claim.release(record["run_id"])
+        outcome.note("unrecorded")
+        console.print(f"[red]NOT RECORDED[/] {record['strategy']} {record['run_id']} ({record['status']}): "
+                      f"appending to {path} failed: {escape(str(e))}")
+        return record
+    claim.release(record["run_id"])
+    outcome.note(record["status"], run is not None and run.allow_failures)
     if log_wandb:
         from harness.run.wandb_log import log_record
 

@@ -2,12 +2,15 @@
 made (make_record: config, environment, measured, predicted, fidelity) and how a resumed study finds
 what is already done (already_done).
 
-Appends are atomic: one write(2) of one line under an exclusive flock, with O_APPEND, so concurrent
-jobs (SLURM arrays) never interleave and a crash never leaves half a record in the middle of the
-file. Records are never rewritten; a reader skips a torn last line.
+Appends are all or nothing: one line under an exclusive flock, with O_APPEND, so concurrent jobs
+(SLURM arrays) never interleave; a short write (disk full, file size limit) is continued, and on an
+error the file is truncated back to where it was, under the lock, and the error raised (the caller
+reports the run as not recorded). Records are never rewritten; a reader skips a torn line (a writer
+killed mid-line) with a warning. Lines are strict JSON: a non-finite number is written as null.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import hashlib
@@ -17,6 +20,7 @@ import platform
 import socket
 import subprocess
 import time
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from harness.collect.fidelity import ratios as fidelity_ratios
 REPO = Path(__file__).resolve().parents[2]
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "invalid", "failed", "timeout", "oom")
+STATUSES = ("ok", "invalid", "failed", "timeout", "oom", "diverged", "interrupted")
 
 
 def run_id(config: dict) -> str:
@@ -81,31 +85,54 @@ def records_path(results_dir: str | Path, study: str) -> Path:
 
 
 def append(path: Path, record: dict) -> None:
+    """Append one record as one line, all or nothing (raises OSError when it could not be written)."""
     assert record["status"] in STATUSES, record["status"]
+    line = (json.dumps(finite(record), default=str, allow_nan=False) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, sort_keys=False, default=str) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
         # A previous writer killed mid-line would leave no newline: start ours on a fresh line.
-        if os.fstat(fd).st_size and os.pread(fd, 1, os.fstat(fd).st_size - 1) != b"\n":
+        if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line
-        os.write(fd, line)
-        os.fsync(fd)
+        try:
+            done = 0
+            while done < len(line):  # write(2) may write less than asked (disk full, RLIMIT_FSIZE)
+                n = os.write(fd, line[done:])
+                if n == 0:
+                    raise OSError(errno.ENOSPC, f"wrote 0 of {len(line) - done} bytes", str(path))
+                done += n
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)  # nothing of ours stays behind; the lock keeps others out meanwhile
+            raise
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def finite(obj):
+    """obj with every NaN/Inf float replaced by None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def read(path: Path) -> list[dict]:
     if not Path(path).exists():
         return []
     out = []
-    for line in Path(path).read_text().splitlines():
+    for i, line in enumerate(Path(path).read_bytes().splitlines(), 1):
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn line from a writer that was killed: skipped, never repaired in place
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            # a torn line from a writer that was killed: skipped, never repaired in place
+            warnings.warn(f"{path}:{i}: skipped a torn record ({len(line)} bytes, not valid JSON)", stacklevel=2)
     return out
 
 
@@ -162,11 +189,12 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
 
 def already_done(config: dict, run) -> dict | None:
     """Resume: in a named study, a config that already has a finished record is not run again
-    (rerun=failed re-runs failed/timeout/oom ones, rerun=all everything)."""
+    (rerun=failed re-runs failed/timeout/oom/diverged ones, rerun=all everything). An invalid or
+    interrupted run never finished, so it is always run again."""
     if run.study == "adhoc" or run.rerun == "all":
         return None
     done = latest_by_run_id(read(records_path(run.results_dir, run.study))).get(run_id(config))
-    if done is None or done["status"] == "invalid":
+    if done is None or done["status"] in ("invalid", "interrupted"):
         return None
     if run.rerun == "failed" and done["status"] != "ok":
         return None

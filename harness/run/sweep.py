@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
+from harness.run import outcome, signals
 from harness.run import record as rec
 from harness.run.job import console
 
@@ -14,9 +15,15 @@ def _base(config: DictConfig) -> tuple[str, str]:
 
 
 def _append(results_dir: str, record: dict, label: str) -> dict:
-    rec.append(rec.records_path(results_dir, record["study"]), record)
+    try:
+        rec.append(rec.records_path(results_dir, record["study"]), record)
+    except OSError as e:
+        outcome.note("unrecorded")
+        console.print(f"[red]NOT RECORDED[/] {escape(label)} ({record['status']}): {escape(str(e))}")
+        return record
+    outcome.note(record["status"])
     style = "yellow" if record["status"] == "invalid" else "red"
-    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)}: {escape((record['error'] or '')[:300])}")
+    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)}: {escape(' '.join((record['error'] or '').split())[:300])}")
     return record
 
 
@@ -57,7 +64,7 @@ def finish_study(config: DictConfig, records: list[dict]) -> None:
     if logged:
         console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{logged[0]['group']}' under "
                       f"{results_dir}/runs/{study}/*/wandb (upload later with `wandb sync <dir>/offline-run-*`)")
-    if config.get("report", True):
+    if config.get("report", True) and not signals.received():  # interrupted: the user wants out now
         write_report(config, results_dir, study, records)
 
 

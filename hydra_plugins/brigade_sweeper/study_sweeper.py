@@ -88,6 +88,7 @@ class StudySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from rich.markup import escape
 
+        from harness.run import signals
         from harness.run.job import console
         from harness.run.sweep import composition_failure, finish_study, launcher_failure
 
@@ -112,6 +113,10 @@ class StudySweeper(Sweeper):
         returns = []
         for start in range(0, len(runnable), size):
             idx = runnable[start:start + size]
+            if signals.received():  # the run in flight was ended and recorded as interrupted
+                console.print(f"[red]{signals.received()}[/]: the sweep stops; {len(runnable) - start} run(s) not "
+                              f"started (run the same command again to resume a named study)")
+                break
             os.environ["BRIGADE_SWEEP_DONE"] = str(sum(r is not None for r in records))
             for i in idx:  # what sets this job apart from the others
                 own = [o for o in jobs[i] if o not in common] or jobs[i]

@@ -1,0 +1,156 @@
+"""Faults with real processes: a signal to the real parent, a stopped, a killed rank, concurrent
+studies. Each asserts that no process of the run is left (ps), that exactly one complete record
+names the cause, how long that took, and the exit code."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, REPO
+
+pytestmark = pytest.mark.slow
+FOREVER = ["workload.steps=100000"]  # a run that only a fault or the parent ends
+RECORD_WITHIN_S = 15
+
+
+def start(args: list[str], results_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", *args, f"results_dir={results_dir}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_steps(results_dir: Path, proc: subprocess.Popen, timeout: float = 180) -> Path:
+    """The run dir once rank 0 has reported a step (every rank is then inside the timed loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = list(Path(results_dir).glob("runs/*/*/progress"))
+        if found:
+            return found[0].parent
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"no step within {timeout} s")
+
+
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    out = {}
+    for entry in os.scandir("/proc"):
+        try:
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if f"harness.worker {run_dir}" in cmd and "torch.distributed.run" not in cmd:
+                env = dict(kv.split("=", 1) for kv in Path(f"/proc/{entry.name}/environ").read_text().split("\0") if "=" in kv)
+                out[int(env["RANK"])] = int(entry.name)
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def leftovers(results_dir: Path) -> list[str]:
+    """Processes whose command line names this test's results dir (torchrun and every rank do)."""
+    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()
+    return [l for l in ps if str(results_dir) in l and "harness.worker" in l and " Z" not in l]
+
+
+def strict_records(results_dir: Path, study: str = "adhoc") -> list[dict]:
+    """Every line parses as strict JSON (no NaN/Infinity), as JavaScript's JSON.parse would."""
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    path = Path(results_dir) / f"{study}.jsonl"
+    text = path.read_text() if path.exists() else ""
+    assert not text or text.endswith("\n"), "a torn last line"
+    return [json.loads(l, parse_constant=refuse) for l in text.splitlines()]
+
+
+def seconds_until(check, limit: float) -> float:
+    t0 = time.monotonic()
+    while not check():
+        assert time.monotonic() - t0 < limit, f"not within {limit} s"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_sigterm_to_the_parent_ends_every_process_records_interrupted_and_stops_the_sweep(tmp_path):
+    p = start(["-m", *FAST, *FOREVER, "strategy=ddp", "parallel.dp=2", "study=sig", "workload.seed=1,2"], tmp_path)
+    wait_for_steps(tmp_path, p)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    gone = seconds_until(lambda: not leftovers(tmp_path), RECORD_WITHIN_S)
+    recorded = seconds_until(lambda: strict_records(tmp_path, "sig"), RECORD_WITHIN_S - (time.monotonic() - t0))
+    out, _ = p.communicate(timeout=60)
+    (r,) = strict_records(tmp_path, "sig")  # the second config was never started
+    assert r["status"] == "interrupted" and "SIGTERM" in r["error"], r["error"]
+    assert p.returncode == 1, out[-2000:]
+    assert "the sweep stops; 1 run(s) not started" in " ".join(out.split())
+    print(f"SIGTERM: no process after {gone:.1f} s, record after {gone + recorded:.1f} s")
+
+
+def test_a_stopped_rank_is_ended_at_the_timeout(tmp_path):
+    p = start([*FAST, *FOREVER, "strategy=ddp", "parallel.dp=2", "launcher.timeout_s=45"], tmp_path)
+    run_dir = wait_for_steps(tmp_path, p)
+    os.kill(rank_pids(run_dir)[1], signal.SIGSTOP)  # neither exits nor answers SIGTERM
+    out, _ = p.communicate(timeout=120)
+    assert leftovers(tmp_path) == []
+    (r,) = strict_records(tmp_path)
+    assert r["status"] == "timeout" and "launcher.timeout_s=45" in r["error"], r["error"]
+    assert r["wall_s"] < 45 + RECORD_WITHIN_S
+    assert p.returncode == 1, out[-2000:]
+
+
+def test_a_sigkilled_rank_is_the_named_cause_not_its_peer(tmp_path):
+    # allow_failures: a sweep that expects failures exits 0 once the failure is recorded
+    p = start([*FAST, *FOREVER, "strategy=ddp", "parallel.dp=2", "allow_failures=true"], tmp_path)
+    run_dir = wait_for_steps(tmp_path, p)
+    os.kill(rank_pids(run_dir)[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    recorded = seconds_until(lambda: strict_records(tmp_path), RECORD_WITHIN_S)
+    out, _ = p.communicate(timeout=60)
+    assert leftovers(tmp_path) == []
+    (r,) = strict_records(tmp_path)
+    # the peer's "Connection reset by peer" is a consequence; torchrun's summary names the victim
+    assert r["status"] == "failed" and r["error"].startswith("rank 1: killed by SIGKILL (exit code -9)"), r["error"]
+    assert p.returncode == 0, out[-2000:]
+    print(f"SIGKILL of rank 1: record after {recorded:.1f} s ({time.monotonic() - t0:.1f} s to exit)")
+
+
+def test_a_non_finite_loss_is_diverged_with_its_step_and_written_as_null(tmp_path):
+    p = start([*FAST, "strategy=single", "workload.lr=1e12"], tmp_path)
+    out, _ = p.communicate(timeout=300)
+    (r,) = strict_records(tmp_path)
+    assert r["status"] == "diverged", (r["status"], r["error"])
+    losses = r["measured"]["losses"]
+    first = next(i for i, v in enumerate(losses) if v is None)
+    assert f"at step {first}" in r["error"] and all(v is not None for v in losses[:first])
+    assert p.returncode == 1, out[-2000:]
+
+
+def test_two_invocations_of_one_study_run_each_config_once(tmp_path):
+    args = ["-m", *FAST, "strategy=single", "study=twice", "workload.seed=1,2", "report=false"]
+    a, b = start(args, tmp_path), start(args, tmp_path)
+    outs = [p.communicate(timeout=400)[0] for p in (a, b)]
+    rows = strict_records(tmp_path, "twice")
+    assert sorted(r["config"]["workload"]["seed"] for r in rows) == [1, 2], [r["run_id"] for r in rows]
+    assert all(r["status"] == "ok" for r in rows)
+    said = " ".join(" ".join(outs).split())
+    assert "another brigade (pid" in said or "already ok" in said, said[-3000:]
+    assert a.returncode == b.returncode == 0
+    hydra_dirs = list((tmp_path / "hydra" / "twice").iterdir())
+    assert len(hydra_dirs) == 2, hydra_dirs  # one per invocation
+
+
+def test_launcher_master_port_is_the_port_torchrun_listens_on(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = start([*FAST, "strategy=ddp", "parallel.dp=2", f"launcher.master_port={port}"], tmp_path)
+        out, _ = p.communicate(timeout=300)
+    (r,) = strict_records(tmp_path)
+    assert r["status"] == "failed" and f"port: {port}" in r["error"] and "EADDRINUSE" in r["error"], r["error"]
+    assert p.returncode == 1

@@ -25,10 +25,10 @@ def run(cfg: DictConfig) -> dict:
 
 def main() -> None:
     """Exit status: 0 every run ok, 2 some run invalid, 1 some run failed (harness/run/outcome.py)."""
-    from harness.run import outcome, preflight, signals
+    from harness.run import invocation, outcome, signals
 
     signals.install()  # SIGTERM/SIGINT/SIGHUP end the run in flight, record it, stop the sweep
-    status = preflight.check_invocation(sys.argv[1:])
+    status = invocation.check_invocation(sys.argv[1:])
     if status is None:
         run()
         status = outcome.exit_status()

@@ -29,6 +29,9 @@ def _one_of(*choices):
 
 
 SIZE, COUNT = (_int_at_least(1), ">= 1"), (_int_at_least(0), ">= 0")
+# The cost model keeps per-rank lists: 65536 ranks take it a few seconds, more would stall a sweep.
+MAX_WORLD = 65536
+DEGREE = (_int_at_least(1, MAX_WORLD), f"in 1..{MAX_WORLD}")
 POSITIVE, NON_NEGATIVE = (_real(0, lo_open=True), "> 0 and finite"), (_real(0), ">= 0 and finite")
 
 DOMAINS = {
@@ -37,8 +40,8 @@ DOMAINS = {
     "model.dropout": (_real(0, 1, hi_open=True), "in [0, 1)"),
     "model.capacity_factor": NON_NEGATIVE, "model.aux_loss_coef": NON_NEGATIVE, "model.rope_theta": POSITIVE,
     "model.n_kv_heads": (lambda v: v is None or _int_at_least(1)(v), "null or >= 1"),
-    "parallel.dp": SIZE, "parallel.tp": SIZE, "parallel.pp": SIZE, "parallel.vpp": SIZE, "parallel.ep": SIZE,
-    "parallel.cp": SIZE, "parallel.dp_replicate": SIZE,
+    "parallel.dp": DEGREE, "parallel.tp": DEGREE, "parallel.pp": DEGREE, "parallel.vpp": DEGREE,
+    "parallel.ep": DEGREE, "parallel.cp": DEGREE, "parallel.dp_replicate": DEGREE,
     "workload.global_batch_size": SIZE, "workload.micro_batch_size": SIZE,
     "workload.num_microbatches": (lambda v: v is None or _int_at_least(1)(v), "null or >= 1"),
     "workload.warmup_steps": COUNT, "workload.steps": SIZE, "workload.profile_steps": COUNT,
@@ -52,7 +55,7 @@ DOMAINS = {
     "hardware.memory_GiB": POSITIVE, "hardware.memory_bw_GBps": NON_NEGATIVE,
     "hardware.intra_node.bus_bw_GBps": POSITIVE, "hardware.intra_node.latency_us": NON_NEGATIVE,
     "hardware.inter_node.bus_bw_GBps": POSITIVE, "hardware.inter_node.latency_us": NON_NEGATIVE,
-    "launcher.nodes": SIZE, "launcher.nproc_per_node": COUNT, "launcher.timeout_s": POSITIVE,
+    "launcher.nodes": DEGREE, "launcher.nproc_per_node": (_int_at_least(0, MAX_WORLD), f"in 0..{MAX_WORLD}"), "launcher.timeout_s": POSITIVE,
     "launcher.master_port": (_int_at_least(0, 65535), "0 (a free port) or 1-65535"),
     "launcher.cpus_per_task": SIZE, "launcher.gpus_per_node": COUNT, "launcher.time_min": SIZE,
     "launcher.array_parallelism": SIZE,
@@ -77,6 +80,10 @@ def check_domains(run) -> None:
     for table in ("peak_tflops", "achievable_tflops"):
         bad += [f"hardware.{table}.{k}={v!r} (must be > 0 and finite)"
                 for k, v in getattr(run.hardware, table).items() if not POSITIVE[0](v)]
+    p = run.parallel
+    if not bad and p.dp * p.tp * p.pp * p.cp > MAX_WORLD:
+        bad.append(f"dp {p.dp} * tp {p.tp} * pp {p.pp} * cp {p.cp} = {p.dp * p.tp * p.pp * p.cp} ranks "
+                   f"(must be <= {MAX_WORLD})")
     launchers = sorted(p.stem for p in (CONF_DIR / "launcher").glob("*.yaml"))
     if run.launcher.name not in launchers:
         bad.append(f"launcher.name={run.launcher.name!r} (must be one of: {', '.join(launchers)})")

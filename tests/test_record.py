@@ -1,8 +1,12 @@
 """Records are appended atomically and never rewritten; a torn line does not corrupt the others."""
 from __future__ import annotations
 
+import errno
+import json
 import multiprocessing as mp
 from pathlib import Path
+
+import pytest
 
 from harness.run import record as rec
 
@@ -71,3 +75,51 @@ def test_records_written_before_the_reorganisation_still_load_and_resume(tmp_pat
     html = write_report(tmp_path / "old.jsonl", pngs=False)
     assert "ddp" in html.read_text()
     assert "ddp dp2" in table(old) and "3d tp2" in table(old)
+
+
+def _append_under_a_file_size_limit(path, limit, record):
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write(2) then fails with EFBIG instead of killing us
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    try:
+        rec.append(path, record)
+    except OSError as e:
+        raise SystemExit(3 if e.errno == errno.EFBIG else 4)
+    raise SystemExit(5)  # appended whole: the limit did not bite
+
+
+def test_a_write_that_fails_partway_leaves_nothing_and_raises(tmp_path):
+    path = tmp_path / "s.jsonl"
+    rec.append(path, {"status": "ok", "run_id": "a"})
+    before = path.read_bytes()
+    # the kernel writes up to the limit (a short write), the next write fails: a real partial write
+    p = mp.get_context("fork").Process(target=_append_under_a_file_size_limit,
+                                       args=(path, len(before) + 1000, {"status": "ok", "run_id": "b", "pad": "x" * 5000}))
+    p.start()
+    p.join()
+    assert p.exitcode == 3  # raised EFBIG
+    assert path.read_bytes() == before
+    rec.append(path, {"status": "ok", "run_id": "c"})
+    assert [r["run_id"] for r in rec.read(path)] == ["a", "c"]
+
+
+def test_non_finite_numbers_are_written_as_null_and_parse_as_strict_json(tmp_path):
+    path = tmp_path / "s.jsonl"
+    rec.append(path, {"status": "diverged", "run_id": "a", "measured": {"losses": [6.9, float("nan"), float("inf")]}})
+    line = path.read_text()
+
+    def refuse(name):
+        raise AssertionError(name)
+
+    assert json.loads(line, parse_constant=refuse)["measured"]["losses"] == [6.9, None, None]
+
+
+def test_a_torn_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "s.jsonl"
+    rec.append(path, {"status": "ok", "run_id": "a"})
+    with open(path, "ab") as f:
+        f.write(b'{"status": "ok", "run_id": "\xe2\x82')  # torn inside a multi-byte character
+    with pytest.warns(UserWarning, match="skipped a torn record"):
+        assert [r["run_id"] for r in rec.read(path)] == ["a"]

@@ -34,9 +34,11 @@ def check_invocation(argv: list[str]) -> int | None:
         results_dir, study, error = str(given.get("results_dir", "results")), str(given.get("study", "adhoc")), e
     problem = results_problem(results_dir, study)
     if problem:
+        from rich.markup import escape
+
         from harness.run.job import console
 
-        console.print(f"[yellow]invalid[/] {problem}", markup=True, highlight=False)
+        console.print(f"[yellow]invalid[/] {escape(problem)}", highlight=False, soft_wrap=True)  # one line
         return 2
     if error is not None:
         from omegaconf import OmegaConf

@@ -72,7 +72,7 @@ def run_job(cfg: DictConfig) -> dict:
     unsafe = preflight.results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", "adhoc")))
     if unsafe:  # no record: there is no safe file to put it in
         outcome.note("invalid")
-        console.print(f"[yellow]invalid[/] {escape(unsafe)}")
+        console.print(f"[yellow]invalid[/] {escape(unsafe)}", highlight=False, soft_wrap=True)
         return None
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)

@@ -16,7 +16,7 @@ def test_sweep_over_three_configs_records_each_and_goes_on_past_an_invalid_one(t
     # dp=3 cannot split a global batch of 8 into micro-batches of 2: invalid, and the sweep goes on.
     p = cli(["-m", *[o for o in FAST if not o.startswith("logger")], "logger=wandb", "strategy=ddp",
              "parallel.dp=1,2,3"], tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 2, p.stderr[-3000:]  # an invalid run, none failed
     rows = records(tmp_path)
     assert [(r["dims"]["dp"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok"), (3, "invalid")], rows
     assert "global_batch_size 8 not divisible by dp*micro_batch_size 6" in rows[2]["error"]
@@ -40,7 +40,7 @@ def test_sweep_over_three_configs_records_each_and_goes_on_past_an_invalid_one(t
 
 def test_unknown_strategy_in_a_sweep_is_an_invalid_record_listing_the_choices(tmp_path):
     p = cli(["-m", *FAST, "strategy=single,nosuch"], tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 2, p.stderr[-3000:]
     rows = {r["strategy"]["name"] if isinstance(r["strategy"], dict) else r["strategy"]: r for r in records(tmp_path)}
     assert rows["single"]["status"] == "ok"
     assert rows["nosuch"]["status"] == "invalid"
@@ -51,7 +51,7 @@ def test_a_crashed_rank_is_a_failed_record_not_a_hang(tmp_path):
     t0 = time.monotonic()
     p = cli([*FAST, "strategy=ddp", "parallel.dp=2", "fault=crash_rank1"], tmp_path)
     elapsed = time.monotonic() - t0
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 1, p.stderr[-3000:]
     (r,) = records(tmp_path)
     assert r["status"] == "failed"
     assert "rank 1: RuntimeError: fault injection" in r["error"]
@@ -60,7 +60,7 @@ def test_a_crashed_rank_is_a_failed_record_not_a_hang(tmp_path):
 
 def test_a_hung_rank_is_killed_at_the_wall_clock_limit(tmp_path):
     p = cli([*FAST, "strategy=ddp", "parallel.dp=2", "fault=hang_rank1", "launcher.timeout_s=25"], tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 1, p.stderr[-3000:]
     (r,) = records(tmp_path)
     assert r["status"] == "timeout" and "launcher.timeout_s=25" in r["error"]
     import subprocess

@@ -220,7 +220,7 @@ def test_scancel_becomes_failed_record(slurm_cluster, results):
     finally:
         if sweep.poll() is None:
             sweep.kill()
-    assert sweep.returncode == 0, out[-3000:]
+    assert sweep.returncode == 1, out[-3000:]  # a failed run
     recs = records(results, "kill")
     assert sorted((r["config"]["fault"], r["status"]) for r in recs) == [("hang_rank1", "failed"), ("none", "ok")]
     assert not _processes_with(str(hung)), "ranks of the cancelled job are still running"

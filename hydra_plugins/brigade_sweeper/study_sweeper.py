@@ -88,7 +88,7 @@ class StudySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from rich.markup import escape
 
-        from harness.run import signals
+        from harness.run import outcome, signals
         from harness.run.job import console
         from harness.run.sweep import composition_failure, finish_study, launcher_failure
 
@@ -126,6 +126,8 @@ class StudySweeper(Sweeper):
             for i, r in zip(idx, results):
                 try:
                     records[i] = r.return_value
+                    if records[i]:  # a SLURM job ran in another process: its status counts here too
+                        outcome.note(records[i]["status"], bool((records[i].get("config") or {}).get("allow_failures")))
                 except Exception as e:  # noqa: BLE001 - the job died without writing its record
                     records[i] = launcher_failure(composed[i], e)
         os.environ.pop("BRIGADE_SWEEP_TOTAL", None)

@@ -55,7 +55,7 @@ def test_a_crashed_rank_is_a_failed_record_not_a_hang(tmp_path):
     (r,) = records(tmp_path)
     assert r["status"] == "failed"
     assert "rank 1: RuntimeError: fault injection" in r["error"]
-    assert elapsed < 60, f"took {elapsed:.0f} s"
+    assert elapsed < 150, f"took {elapsed:.0f} s"  # a hang would last launcher.timeout_s=240 (and ~60 s is load)
 
 
 def test_a_hung_rank_is_killed_at_the_wall_clock_limit(tmp_path):

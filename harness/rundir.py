@@ -11,6 +11,7 @@ them back (harness/run/job.py) and the report reads what the record points to.
         measurement.json     every rank's figures, gathered and written by rank 0 at the end
         trace_rank<r>.json   the profiled window's Chrome trace (torch.profiler)
         timeline_rank<r>.json  a pipeline rank's per-action timeline
+        grads_rank<r>.pt     step 0's full gradients, only with BRIGADE_GRAD_DUMP=1 (the parity tests)
 
 Every file is written whole or not at all (write_atomic), so a reader never sees half a file.
 """
@@ -40,6 +41,13 @@ def timeline_file(rank: int) -> str:
 
 
 TIMELINE_GLOB = "timeline_rank*.json"
+
+
+def grads_file(rank: int) -> str:
+    return f"grads_rank{rank}.pt"
+
+
+GRADS_GLOB = "grads_rank*.pt"
 
 
 def write_atomic(path: Path, text: str) -> None:

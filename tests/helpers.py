@@ -66,3 +66,14 @@ def device_overrides(device: str) -> list[str]:
 # Parametrise a multi-process test body over devices: `@pytest.mark.parametrize("device", DEVICES)`.
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     _gpu_count() < 2, reason="needs 2 CUDA GPUs (world 2, one GPU per rank); this machine has fewer")])]
+
+
+STATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")
+
+
+def assert_states_as_predicted(rec: dict) -> None:
+    """The model-state bytes every rank measured equal the cost model's prediction exactly (==):
+    params, grads, optimizer state and their sum, rank by rank."""
+    m, p = rec["measured"], rec["predicted"]
+    for key in STATE_KEYS:
+        assert m[f"{key}_per_rank"] == p[f"{key}_per_rank"], (key, m[f"{key}_per_rank"], p[f"{key}_per_rank"])

@@ -2,8 +2,10 @@
 hardware profile that composes as `hardware=<name>`, validates and drives a prediction."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,6 +13,19 @@ import yaml
 from harness.tools.calibrate import check_profile
 from harness.tools.calibrate_collectives import COLLECTIVES, fit_alpha_beta
 from tests.helpers import REPO
+
+
+def core_peak_tflops(dtype: str) -> float:
+    """An upper bound on one core's matmul rate from /proc/cpuinfo: FLOP per cycle of its widest
+    units (2 FMA pipes x lanes x 2: AVX-512 64, AVX2+FMA 32 fp32 FLOP/cycle; AMX 1024 and
+    AVX512-BF16 128 bf16 FLOP/cycle, per the vendors' optimisation manuals; without bf16 units bf16 is
+    computed in fp32) times the clock, with 1.5x headroom for turbo (a VM reports the base clock)."""
+    info = Path("/proc/cpuinfo").read_text()
+    flags = set(re.search(r"^flags\s*:(.*)$", info, re.M).group(1).split())
+    mhz = max(float(x) for x in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", info, re.M))
+    fp32 = 64 if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else 16
+    per_cycle = {"fp32": fp32, "bf16": 1024 if "amx_bf16" in flags else 128 if "avx512_bf16" in flags else fp32}
+    return per_cycle[dtype] * mhz * 1e6 * 1.5 / 1e12
 
 
 def test_alpha_beta_fit_recovers_a_line():
@@ -40,12 +55,16 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     assert "composes as hardware=cpu_quick_test" in out.stdout
     prof = yaml.safe_load(path.read_text())
     assert prof["name"] == "cpu_quick_test" and prof["device"] == "cpu"
-    assert prof["achievable_tflops"]["fp32"] > 0 and prof["achievable_tflops"]["bf16"] > 0
-    assert prof["memory_bw_GBps"] > 0
+    # physically plausible for this machine: no faster than one core's peak, no slower than a toy
+    for dtype in ("fp32", "bf16"):
+        assert 1e-5 < prof["achievable_tflops"][dtype] <= core_peak_tflops(dtype), (dtype, prof["achievable_tflops"])
+    assert 0.1 < prof["memory_bw_GBps"] < 500, prof["memory_bw_GBps"]  # one core's STREAM triad
     assert prof["compute"]["gemm"]["fp32"]["points"] and prof["compute"]["op_dispatch_us"] > 0
     for coll in COLLECTIVES:
         fig = prof["collectives"][coll]["2"]
-        assert fig["bus_bw_GBps"] > 0 and fig["latency_us"] >= 0, (coll, fig)
+        # two processes on one host move bytes through memory: no faster than one core's triad
+        assert 0 < fig["bus_bw_GBps"] <= prof["memory_bw_GBps"], (coll, fig, prof["memory_bw_GBps"])
+        assert 1 <= fig["latency_us"] <= 1e5, (coll, fig)  # a gloo round trip: microseconds, not seconds
         assert len(fig["busbw_GBps_by_bytes"]) == 3
     pred = check_profile(path)  # composes as hardware=<name> from its folder, validates, predicts
     assert pred["hardware"] == "cpu_quick_test" and pred["step_time_s"] > 0

@@ -1,6 +1,8 @@
 """End-to-end tier: the `brigade` CLI as a user runs it, in a subprocess, with real torchrun ranks."""
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from pathlib import Path
 
@@ -23,7 +25,12 @@ def test_sweep_over_three_configs_records_each_and_goes_on_past_an_invalid_one(t
     for r in rows[:2]:
         m = r["measured"]
         assert m["steps_timed"] == 5 and len(m["losses"]) == 6 and m["step_time_s"] > 0
-        assert m["step_time_s_p10"] <= m["step_time_s"] <= m["step_time_s_p90"]
+        # the statistics are those of the slowest rank's time per step, from every rank's raw clocks
+        ranks = json.loads((Path(r["run_dir"]) / "measurement.json").read_text())["ranks"]
+        per_step = [max(rank["step_times"][i] for rank in ranks) for i in range(5)]
+        assert m["step_times_s"] == per_step and m["step_time_s"] == statistics.median(per_step)
+        q = statistics.quantiles(per_step, n=10, method="inclusive")  # linear interpolation, as numpy's default
+        assert (m["step_time_s_p10"], m["step_time_s_p90"]) == pytest.approx((q[0], q[8]), rel=1e-12)
         assert r["env"]["torch"].startswith("2.13") and r["env"]["world_size"] == r["dims"]["world_size"]
         assert not any(k.upper() == k for k in r["env"]), "no environment variables in a record"
         # one W&B offline run per ok run, under its run directory, with the summary logged

@@ -2,7 +2,10 @@
 except two `python -m harness.predict` subprocesses that check the CLI and that torch stays out)."""
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -248,6 +251,28 @@ def test_cpu_ranks_time_share_the_cores():
 
 # -- the command --------------------------------------------------------------------------------------
 
+def documented_keys(section: str, column: int = 1) -> set[str]:
+    """The names results/README.md's `section` table documents: backticked names in the first
+    column (`comm_{dp,tp}_bytes` expanded, "(+ `_per_rank`)" adding the *_per_rank twins) and the
+    backticked keys its descriptions name."""
+    text = (REPO / "results" / "README.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for row in body.splitlines():
+        cells = row.split("|")
+        if not row.startswith("| `") or len(cells) < 3:
+            continue
+        first = re.findall(r"`([^`]+)`", cells[column])
+        for name in first:
+            parts = re.split(r"\{([^}]*)\}", name)
+            names |= {"".join(c) for c in itertools.product(*[p.split(",") if i % 2 else [p]
+                                                              for i, p in enumerate(parts)])}
+        if "(+ `_per_rank`)" in cells[column]:
+            names |= {n + "_per_rank" for n in first if not n.startswith("_")}
+        names |= set(re.findall(r"`([a-z_]+)[`:]", "|".join(cells[column + 1:])))
+    return names
+
+
 def test_predict_cli_prints_one_json_without_torch():
     code = ("import sys, json; from harness.tools.predict import main; rc = main(['parallel.dp=1024', 'strategy=ddp', "
             "'hardware=h100_sxm', 'workload.global_batch_size=2048', 'workload.micro_batch_size=2', '--json']); "
@@ -256,9 +281,20 @@ def test_predict_cli_prints_one_json_without_torch():
     assert out.returncode == 0, out.stderr
     p = json.loads(out.stdout)
     assert p["dims"]["dp"] == 1024 and p["config"]["parallel"]["dp"] == 1024
-    for key in ("step_time_s", "tokens_per_s", "mfu_pct", "model_states_bytes", "peak_mem_bytes", "comm_dp_bytes",
-                "bubble_pct", "comm_exposed_pct", "efficiency", "params_per_rank", "activations_bytes"):
-        assert isinstance(p[key], (int, float)), key
+    # the record's schema (results/README.md): every key predict prints is a documented predicted
+    # metric or a record field, and every number is finite and not negative
+    record_fields = documented_keys("Record (schema_version 1)", column=1)
+    undocumented = sorted(set(p) - documented_keys("predicted") - record_fields)
+    assert not undocumented, f"predict prints keys results/README.md does not document: {undocumented}"
+    numbers = {k: v for k, v in p.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert all(math.isfinite(v) and v >= 0 for v in numbers.values()), numbers
+    # and its figures obey the identities the schema states
+    seq = p["config"]["model"]["seq_len"]
+    assert p["tokens_per_step"] == 2048 * seq
+    assert p["tokens_per_s"] == pytest.approx(2048 * seq / p["step_time_s"], rel=1e-9)
+    assert p["step_time_s"] == pytest.approx(p["compute_time_s"] + p["bubble_time_s"] + p["comm_exposed_time_s"],
+                                             rel=1e-9)
+    assert p["num_microbatches"] == 2048 // (1024 * 2)
     bad = subprocess.run([sys.executable, "-m", "harness.predict", "parallel.dp=3", "strategy=ddp", "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not divisible" in json.loads(bad.stdout)["error"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import assert_losses_match, run
+from tests.helpers import assert_losses_match, assert_states_as_predicted, run
 
 pytestmark = pytest.mark.slow
 
@@ -15,6 +15,8 @@ def test_ddp_matches_single(tmp_path, single_reference):
     assert_losses_match(rec["measured"]["losses"], ref["measured"]["losses"])
     # DDP replicates: every rank holds exactly what the single process holds
     assert rec["measured"]["model_states_bytes_per_rank"] == [ref["measured"]["model_states_bytes"]] * 2
+    assert_states_as_predicted(rec)
+    assert_states_as_predicted(ref)
     assert rec["dims"] == {"dp": 2, "tp": 1, "pp": 1, "vpp": 1, "ep": 1, "world_size": 2}
 
 

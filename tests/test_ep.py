@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import DEVICES, assert_losses_match, device_overrides, run
+from tests.helpers import DEVICES, assert_losses_match, assert_states_as_predicted, device_overrides, run
 from tests.test_moe import moe_tiny_state_bytes
 
 pytestmark = pytest.mark.slow
@@ -51,6 +51,7 @@ def test_ep2_matches_single(tmp_path, single_reference, device):
     assert m["params_bytes_per_rank"] == m["grads_bytes_per_rank"] == [params, params]
     assert m["optimizer_bytes_per_rank"] == [optimizer, optimizer]
     assert m["model_states_bytes"] == 2 * params + optimizer < ref["measured"]["model_states_bytes"]
+    assert_states_as_predicted(rec)
     load = check_expert_load(rec)
     assert load["timed_dropped_tokens"] == 0  # capacity_factor 0: no limit
 
@@ -69,5 +70,6 @@ def test_ep2_on_dp4_capacity_limited_with_checkpointing(tmp_path, single_referen
     assert_losses_match(rec["measured"]["losses"], ref["measured"]["losses"])
     params, optimizer = moe_tiny_state_bytes(n_experts_held=N_EXPERTS // 2)
     assert rec["measured"]["model_states_bytes_per_rank"] == [2 * params + optimizer] * 4
+    assert_states_as_predicted(rec)
     load = check_expert_load(rec)
     assert load["timed_dropped_tokens"] > 0  # capacity 1.0 x 2 x 128 tokens / 8 experts = 32 routes bites

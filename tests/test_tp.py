@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import DEVICES, assert_losses_match, device_overrides, run
+from tests.helpers import DEVICES, assert_losses_match, assert_states_as_predicted, device_overrides, run
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,7 @@ def _check_memory(rec: dict) -> None:
     expected = tp_expected_bytes(rec["config"]["model"], 2)
     for key, value in expected.items():
         assert m[f"{key}_per_rank"] == [value] * 2, key
-    predicted = rec["predicted"]["model_states_bytes"]
-    assert abs(m["model_states_bytes"] - predicted) <= 0.01 * predicted, (m["model_states_bytes"], predicted)
+    assert_states_as_predicted(rec)
 
 
 @pytest.mark.parametrize("device", DEVICES)

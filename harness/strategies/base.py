@@ -13,6 +13,7 @@ The timed loop (harness/worker/loop.py) is the same for every strategy. It calls
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
 
@@ -114,6 +115,38 @@ class Strategy:
         grads = [p.grad for p in params if p.grad is not None]
         opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
         return {"params": params, "grads": grads, "optimizer": opt}
+
+
+    # -- gradients, for the parity tests (harness/grad_dump.py) ----------------------------------
+    def stepping_optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer whose step() runs once per optimizer step with every gradient final
+        (reduced, averaged): a step pre-hook on it sees the step's gradients."""
+        return self.optimizer
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """{name in the single-process model: full fp32 gradient} of every parameter this rank holds.
+        A collective where grads are DTensors (FSDP shards, TP slices: full_tensor() gathers them),
+        so every rank of the mesh calls it at the same point. Call between the last backward and
+        the optimizer step (or after it: torch optimizers leave grads in place)."""
+        out = {}
+        for name, p in self.model.named_parameters():
+            g = p.grad
+            if g is None:
+                continue
+            full = getattr(g, "full_tensor", None)
+            out[canonical_name(name)] = (full() if callable(full) else g).detach().float().cpu().clone()
+        return out
+
+
+# Wrappers that prefix parameter names: DDP's "module.", torch.compile's "_orig_mod.", checkpoint
+# wrappers, and the pipeline's ModuleList of stages ("0.", "1.": a model's own names never start
+# with a digit).
+_WRAPPER_PREFIX = re.compile(r"(?:(?:^|(?<=\.))(?:module|_orig_mod|_checkpoint_wrapped_module)\.|^\d+\.)")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name as the unwrapped single-process model names it."""
+    return _WRAPPER_PREFIX.sub("", name)
 
 
 STRATEGY = Strategy

@@ -7,8 +7,12 @@ timed steps, e.g. a profiled window). Measurement features register here, not in
 from __future__ import annotations
 
 
-def make_hooks(run, dims, run_dir) -> list:
+def make_hooks(run, dims, run_dir, strategy=None) -> list:
+    from harness.worker import grad_dump
+
     hooks = []
+    if grad_dump.enabled():  # the parity tests' gradient dump (before the first optimizer step)
+        hooks.append(grad_dump.GradDump(strategy, run_dir))
     if run.workload.profile_steps > 0:
         from harness.worker.profiling import ProfiledWindow
 

@@ -130,8 +130,9 @@ def _run(run_dir: Path, rank: int) -> None:
 
     from harness.worker.hooks import make_hooks
 
+    hooks = make_hooks(run, dims, run_dir, strategy)
     t0, start_unix = time.perf_counter(), time.time()
-    result = run_steps(strategy, run, dims, nmb, device, progress=progress, hooks=make_hooks(run, dims, run_dir))
+    result = run_steps(strategy, run, dims, nmb, device, progress=progress, hooks=hooks)
     result["loop_wall_s"] = time.perf_counter() - t0
     # wall-clock ends of the loop, comparable with the parent's clock: a run's fixed cost (start-up
     # before the first step, collection after the last) is what the rest of its wall time is

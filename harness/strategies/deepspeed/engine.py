@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness.strategies.deepspeed import config as ds_config
-from harness.strategies.base import Strategy
+from harness.strategies.base import Strategy, canonical_name
 
 
 def import_deepspeed():
@@ -118,6 +118,29 @@ class DeepSpeedStrategy(Strategy):
         # DeepSpeed's no_sync() forbids engine.step() inside it, which every micro-batch here calls
         # (the engine decides the boundary), and stages 2/3 refuse it: no A/B window on this engine.
         return None
+
+    # -- gradients, for the parity tests -------------------------------------------------------
+    def stepping_optimizer(self):
+        # the ZeRO optimizer (or the client one at stage 0): at the entry of its step() the reduced
+        # gradients are still readable; inside it, ZeRO 1/2 free them group by group
+        return self.engine.optimizer
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """DeepSpeed's safe_get_full_grad per parameter: the gradient itself at stage 0, the fp32
+        partitions gathered over the parameter's data-parallel group at stages 1-3 (a collective:
+        every rank calls it, in the same parameter order)."""
+        from deepspeed.utils import safe_get_full_grad
+
+        out = {}
+        for name, p in self.engine.module.named_parameters():
+            g = safe_get_full_grad(p)
+            if g is not None:
+                out[self.gpt_name(name)] = g.detach().float().cpu().clone()
+        return out
+
+    def gpt_name(self, name: str) -> str:
+        """The single-process GPT's name of the engine module's parameter `name`."""
+        return canonical_name(name)
 
     # -- measurement ---------------------------------------------------------------------------
     def _capture_states(self, optimizer, args, kwargs) -> None:

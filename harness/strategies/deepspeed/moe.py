@@ -8,9 +8,12 @@ reduced over the expert-data group, tokens reach their experts by all-to-all ove
 """
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 
+from harness.strategies.base import canonical_name
 from harness.strategies.deepspeed.engine import DeepSpeedStrategy
 
 
@@ -25,6 +28,18 @@ class DeepSpeedMoE(DeepSpeedStrategy):
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
         return split_params_into_different_moe_groups_for_optimizer(super().optimizer_groups(model))
+
+    def gpt_name(self, name):
+        # blocks.<i>.mlp.moe.deepspeed_moe.gate.wg.*                       -> blocks.<i>.mlp.router.*
+        # blocks.<i>.mlp.moe.deepspeed_moe.experts.deepspeed_experts.<j>.* -> blocks.<i>.mlp.experts.<global>.*
+        m = re.fullmatch(r"(.*\.mlp)\.moe\.deepspeed_moe\.(?:gate\.wg|experts\.deepspeed_experts\.(\d+))\.(.*)", name)
+        if m is None:
+            return canonical_name(name)
+        mlp, local, rest = m.groups()
+        if local is None:
+            return f"{mlp}.router.{rest}"
+        per_rank = self.run.model.n_experts // self.dims.ep
+        return f"{mlp}.experts.{self.dims.coords(dist.get_rank())['ep'] * per_rank + int(local)}.{rest}"
 
 
 class DeepSpeedMoEMLP(torch.nn.Module):

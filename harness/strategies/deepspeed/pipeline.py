@@ -32,6 +32,12 @@ class DeepSpeedPipeline(DeepSpeedStrategy):
             return None
         return self.engine.dp_group_loss  # this replica's mean over its micro-batches (before the dp average)
 
+    def gpt_name(self, name):
+        # PipelineModule names layer k of [Embedding, block 0..L-1, Head] "<k>."
+        k, rest = name.split(".", 1)
+        k, n_layers = int(k), self.run.model.n_layers
+        return rest if k in (0, n_layers + 1) else f"blocks.{k - 1}.{rest}"
+
 
 class Embedding(torch.nn.Module):
     """The first pipeline layer: token + position embeddings of the GPT (the same modules, so the same weights)."""

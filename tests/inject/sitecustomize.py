@@ -1,0 +1,105 @@
+"""Test-only changes to the worker, loaded by Python at start-up when this folder is on PYTHONPATH.
+
+Only the test suite puts it there (tests/parity.py, for the one run that asks), so nothing here
+ships enabled: the harness has no switch for any of it. Two environment variables select:
+
+BRIGADE_TEST_OPTIMIZER=sgd  plain SGD (no momentum, no normalisation) in place of AdamW everywhere the
+    harness builds one (torch, ZeroRedundancyOptimizer, DeepSpeed's client optimizer), so a wrong
+    gradient scale moves the loss of the next step in proportion, as AdamW's normalised update does not.
+
+BRIGADE_TEST_PLANT=<name>   one planted bug from PLANTS, to show that the parity tests can fail.
+"""
+from __future__ import annotations
+
+import os
+
+
+def _sgd() -> None:
+    import torch
+
+    class SGDWithAdamWSignature(torch.optim.SGD):
+        def __init__(self, params, lr=1e-3, betas=None, eps=None, weight_decay=0.0, foreach=None, **_):
+            super().__init__(params, lr=lr, weight_decay=weight_decay, foreach=foreach)
+
+    torch.optim.AdamW = SGDWithAdamWSignature  # looked up at call time by every optimizer the harness builds
+
+
+def _ddp_sums_over_dp() -> None:
+    """DDP's gradient all-reduce sums over the dp ranks instead of averaging (grads x dp)."""
+    import torch.distributed as dist
+
+    from harness.strategies.ddp import DDPStrategy
+
+    setup = DDPStrategy.setup
+
+    def summing(state, bucket):
+        fut = dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    def planted(self, model):
+        setup(self, model)
+        self.model.register_comm_hook(self.mesh["dp"].get_group(), summing)
+
+    DDPStrategy.setup = planted
+
+
+def _fsdp_sums_over_dp() -> None:
+    """FSDP's reduce-scatter sums over the dp ranks instead of averaging (grads x dp)."""
+    import harness.strategies.fsdp as fsdp
+
+    apply = fsdp.apply_fsdp
+
+    def planted(model, dp_mesh, run):
+        model = apply(model, dp_mesh, run)
+        for m in model.modules():
+            if hasattr(m, "set_gradient_divide_factor"):
+                m.set_gradient_divide_factor(1.0)
+        return model
+
+    fsdp.apply_fsdp = planted
+
+
+def _drop_last_microbatch() -> None:
+    """The accumulation loop skips the rank's last micro-batch (the loss is still a mean)."""
+    from harness.strategies.base import Strategy
+
+    train_step = Strategy.train_step
+    Strategy.train_step = lambda self, mbs: train_step(self, mbs[:-1] if len(mbs) > 1 else mbs)
+
+
+def _pipeline_scales_twice() -> None:
+    """The pipeline divides by m twice: the loss by m and the schedule's scale_grads=True (grads / m)."""
+    import functools
+
+    import harness.strategies.pp as pp
+
+    pp.SCHEDULES = {k: functools.partial(_force_scale_grads, cls) for k, cls in pp.SCHEDULES.items()}
+
+
+def _force_scale_grads(cls, *args, **kwargs):
+    return cls(*args, **{**kwargs, "scale_grads": True})
+
+
+def _expert_grads_not_divided() -> None:
+    """Expert-parallel: the expert gradients are summed over the dp ranks but not divided by dp."""
+    from harness.strategies.ep import ExpertParallel
+
+    reduce = ExpertParallel._reduce_grads
+
+    def planted(self, params, group):
+        reduce(self, params, group)
+        if params is self.expert_params:
+            for p in params:
+                p.grad.mul_(self.dims.dp)
+
+    ExpertParallel._reduce_grads = planted
+
+
+PLANTS = {"ddp_sums_over_dp": _ddp_sums_over_dp, "fsdp_sums_over_dp": _fsdp_sums_over_dp,
+          "drop_last_microbatch": _drop_last_microbatch, "pipeline_scales_twice": _pipeline_scales_twice,
+          "expert_grads_not_divided": _expert_grads_not_divided}
+
+if os.environ.get("BRIGADE_TEST_OPTIMIZER") == "sgd":
+    _sgd()
+if os.environ.get("BRIGADE_TEST_PLANT"):
+    PLANTS[os.environ["BRIGADE_TEST_PLANT"]]()

@@ -1,0 +1,146 @@
+"""Gradient and SGD-loss parity with `single`: the machinery behind tests/test_grad_parity.py.
+
+One run per layout does both checks (so a layout costs one multi-process run):
+  - the worker dumps every parameter's full gradient of step 0 (harness/grad_dump.py, enabled by
+    BRIGADE_GRAD_DUMP=1): taken at the entry of the first optimizer step, so after every
+    micro-batch's backward and the data-parallel reduction; each rank writes the gradients it holds,
+    gathered from FSDP shards and TP slices (full_tensor) or DeepSpeed partitions;
+  - the run trains with plain SGD (tests/inject/sitecustomize.py, BRIGADE_TEST_OPTIMIZER=sgd), so a
+    wrong gradient scale moves the later losses in proportion (AdamW normalises it away).
+A layout is one row of LAYOUTS; a planted bug (tests/inject/sitecustomize.py PLANTS) is one env var.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness import rundir
+from tests.helpers import REPO, run
+
+INJECT = REPO / "tests" / "inject"
+# SGD's step must be large enough that a wrong gradient scale shows in the next losses: at lr 0.5
+# the tiny model's loss falls by ~1 % per step (measured: see the planted-bug test's output).
+PARITY = ["model=tiny", "logger=none", "workload.warmup_steps=1", "workload.steps=3", "workload.profile_steps=0",
+          "workload.lr=0.5", "launcher.timeout_s=300"]
+RTOL = 1e-5  # fp32: the layouts differ from single only in reduction order (~1e-7 relative measured)
+
+
+@dataclass(frozen=True)
+class Layout:
+    overrides: tuple[str, ...]
+    model: str = "tiny"  # the single reference it is compared with
+
+
+def ds(*overrides: str, model: str = "tiny") -> Layout:
+    return Layout(("strategy.engine=deepspeed", *overrides), model)
+
+
+# One row per layout. Adding a layout = one row here (and, for a new family, one fixture's worth of
+# time in CI): the test parametrises over this table.
+LAYOUTS: dict[str, Layout] = {
+    "ddp": Layout(("strategy=ddp", "parallel.dp=2")),
+    "zero1": Layout(("strategy=zero1", "parallel.dp=2")),
+    "fsdp": Layout(("strategy=fsdp", "parallel.dp=2", "workload.activation_checkpointing=full")),
+    "zero2": Layout(("strategy=zero2", "parallel.dp=2")),
+    "zero3": Layout(("strategy=zero3", "parallel.dp=2")),
+    "tp_loss_parallel": Layout(("strategy=tp", "parallel.tp=2", "strategy.loss_parallel=true")),
+    "tp_sp": Layout(("strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true")),
+    **{f"pp_{s}": Layout(("strategy=pp", "parallel.pp=2", f"parallel.vpp={v}", f"strategy.schedule={s}"))
+       for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("looped_bfs", 2),
+                    ("interleaved_zero_bubble", 2), ("zbv_zero_bubble", 2), ("dualpipev", 2))},
+    "3d_fsdp_2x2x2": Layout(("strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2")),
+    "3d_ddp_dp2_pp2_interleaved": Layout(("strategy=3d", "parallel.dp=2", "parallel.pp=2", "parallel.vpp=2",
+                                          "strategy.dp_shard=ddp", "strategy.schedule=interleaved_1f1b")),
+    "ep": Layout(("strategy=ep", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2"), "moe_tiny"),
+    "ds_zero0": ds("strategy=ddp", "parallel.dp=2"),
+    "ds_zero1": ds("strategy=zero1", "parallel.dp=2"),
+    "ds_zero2": ds("strategy=zero2", "parallel.dp=2"),
+    "ds_zero3": ds("strategy=zero3", "parallel.dp=2"),
+    "ds_pp": ds("strategy=pp", "parallel.pp=2", "strategy.zero_stage=1"),
+    "ds_moe_ep2": ds("model=moe_tiny", "strategy=ep", "parallel.dp=2", "parallel.ep=2", "strategy.zero_stage=2",
+                     model="moe_tiny"),
+}
+
+
+@contextlib.contextmanager
+def _env(**values: str | None):
+    """Set environment variables for the runs started inside (workers inherit os.environ)."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def parity_run(overrides, results_dir: Path, plant: str | None = None) -> dict:
+    """One run with the gradient dump and plain SGD (and a planted bug if asked); its record."""
+    path = os.pathsep.join(p for p in (str(INJECT), os.environ.get("PYTHONPATH")) if p)
+    with _env(BRIGADE_GRAD_DUMP="1", BRIGADE_TEST_OPTIMIZER="sgd", BRIGADE_TEST_PLANT=plant, PYTHONPATH=path):
+        rec = run([*PARITY, *overrides], results_dir, fast=False)
+    assert rec["status"] == "ok", rec["error"]
+    return rec
+
+
+def gradients(rec: dict) -> dict[str, list[torch.Tensor]]:
+    """{parameter name: [the full gradient from every rank that holds it]}."""
+    files = sorted(Path(rec["run_dir"]).glob(rundir.GRADS_GLOB))
+    assert len(files) == rec["dims"]["world_size"], f"{len(files)} gradient dumps for {rec['dims']}"
+    out: dict[str, list[torch.Tensor]] = {}
+    for f in files:
+        for name, g in torch.load(f).items():
+            out.setdefault(name, []).append(g)
+    return out
+
+
+def gradient_errors(grads: dict, reference: dict) -> dict[str, float]:
+    """Per parameter, the worst relative error ||g - g_single|| / ||g_single|| over the ranks that
+    hold it (the norm of the difference alone where single's gradient is zero)."""
+    errors = {}
+    for name, copies in grads.items():
+        ref = reference[name][0]
+        scale = ref.norm().item() or 1.0
+        errors[name] = max((g - ref).norm().item() / scale for g in copies)
+    return errors
+
+
+def check_gradients(rec: dict, ref: dict, rtol: float = RTOL) -> float:
+    """Every parameter's gradient equals single's within rtol; returns the worst relative error."""
+    grads, reference = gradients(rec), gradients(ref)
+    missing, extra = sorted(set(reference) - set(grads)), sorted(set(grads) - set(reference))
+    assert not missing and not extra, f"gradients missing: {missing}; not in single's model: {extra}"
+    for name, copies in grads.items():
+        assert all(g.shape == reference[name][0].shape for g in copies), (name, [g.shape for g in copies])
+    errors = gradient_errors(grads, reference)
+    worst = max(errors, key=errors.get)
+    bad = {n: e for n, e in errors.items() if e > rtol}
+    assert not bad, (f"{len(bad)} of {len(errors)} gradients differ from single's by more than {rtol:g} "
+                     f"(relative L2); worst {worst}: {errors[worst]:.3g}; " +
+                     ", ".join(f"{n}: {e:.3g}" for n, e in sorted(bad.items(), key=lambda x: -x[1])[:6]))
+    return errors[worst]
+
+
+def loss_error(rec: dict, ref: dict) -> float:
+    a, b = rec["measured"]["losses"], ref["measured"]["losses"]
+    assert len(a) == len(b), (a, b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def check_losses(rec: dict, ref: dict, rtol: float = RTOL) -> float:
+    """The SGD run's losses, step by step, equal single's within rtol; returns the worst relative error."""
+    err = loss_error(rec, ref)
+    assert err <= rtol, f"SGD losses differ from single's by {err:.3g} relative (> {rtol:g}): " \
+                        f"{rec['measured']['losses']} vs {ref['measured']['losses']}"
+    return err

@@ -46,7 +46,8 @@ def test_single_gradients_are_those_of_the_global_batch_mean(parity):
     assert len(grads) == 45 and all(len(c) == 1 for c in grads.values())  # tiny: 4 x 10 + 5 tensors
     assert all(c[0].norm() > 0 for c in grads.values())
     losses = ref["measured"]["losses"]
-    assert losses[-1] < losses[0] * 0.99, losses
+    # SGD moves the loss every step, by far more than the tolerance (tiny: 6.952 -> 6.913 in 3 steps)
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[0] - losses[-1] > 100 * RTOL * losses[0], losses
 
 
 # Planted bugs (tests/inject/sitecustomize.py PLANTS), each with the layout whose parity it breaks.

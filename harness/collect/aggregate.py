@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from harness import catalog
 from harness.collect import stats
-from harness.costmodel.flops import model_flops_per_step
+from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
 
 # master_bytes: a separate fp32 master copy (DeepSpeed's ZeRO optimizers hold one even in fp32); 0 elsewhere
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes")
@@ -27,8 +27,10 @@ def aggregate(run, dims, measurement: dict) -> dict:
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     out["model_flops_per_step"] = flops
     out["tflops_per_device"] = flops / out["step_time_s"] / dims.world_size / 1e12
-    peak = run.hardware.peak_tflops.get(catalog.PEAK_KEY[run.workload.precision])
+    hw, key = run.hardware, catalog.PEAK_KEY[run.workload.precision]
+    peak = mfu_peak_tflops(hw.device, dict(hw.peak_tflops), dict(hw.achievable_tflops), key)
     out["mfu_pct"] = 100 * out["tflops_per_device"] / peak if peak else None
+    out["mfu_peak_tflops"] = peak  # from the profile hardware=<config.hardware.name>
     for key in MEMORY_KEYS:
         per_rank = [r["memory"].get(key, 0) for r in ranks]
         out[key] = max(per_rank)

@@ -19,14 +19,14 @@ def details(out: dict, lo, mb: int, m: int, ckpt: str) -> dict:
 
 def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     """The figures only `predict` reports: FLOPs, rates, MFU, Amdahl, memory verdict."""
-    from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
+    from harness.costmodel.flops import hardware_flops_per_step, mfu_peak_tflops, model_flops_per_step
 
     md, hw, pl = lo.model, lo.hw, lo.place
     gbs = mb * m * pl.dp
     flops = model_flops_per_step(md.cfg, gbs)
     hw_flops = hardware_flops_per_step(md.cfg, gbs, ckpt)
     step, world = out["step_time_s"], pl.world
-    peak = hw.peak.get(lo.dtype)
+    peak = mfu_peak_tflops(hw.device, hw.peak, hw.rate, lo.dtype)  # FLOP/s
     speedup = hw_flops / (hw.rate.get(lo.dtype) or hw.rate["fp32"]) / step
     return {
         "params_total": md.params_total, "params_per_rank": lo.params_per_rank,

@@ -49,3 +49,15 @@ def hardware_flops_per_step(model, global_batch_size: int, activation_checkpoint
     if activation_checkpointing == "selective":
         return f + model.n_layers * 4 * model.seq_len * model.d_model * tokens
     return f
+
+
+def mfu_peak_tflops(device: str, peak: dict, achievable: dict, key: str) -> float | None:
+    """MFU's denominator per device (any unit, the dicts' own): the datasheet dense peak on an
+    accelerator (MFU's definition, Chowdhery et al. 2022, PaLM appendix B); on a CPU the matmul rate
+    `harness.calibrate` measured on one core (the profile's achievable_tflops), because the CPU model
+    varies between machines of one kind and one thread's matmul never reaches a datasheet FMA peak.
+    The profile that holds the figure is the record's config.hardware.name."""
+    if device == "cpu" and achievable.get(key):
+        return achievable[key]
+    return peak.get(key)
+

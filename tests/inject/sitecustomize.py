@@ -53,7 +53,8 @@ def _fsdp_sums_over_dp() -> None:
         model = apply(model, dp_mesh, run)
         for m in model.modules():
             if hasattr(m, "set_gradient_divide_factor"):
-                m.set_gradient_divide_factor(1.0)
+                m.set_gradient_divide_factor(1.0)  # "divide by 1" ...
+                m.set_force_sum_reduction_for_comms(True)  # ... as a plain SUM (gloo has no PREMUL_SUM)
         return model
 
     fsdp.apply_fsdp = planted

@@ -134,6 +134,8 @@ def analyse(trace: dict) -> dict:
     out["comm_time_by_axis_s"] = {a: v["time_s"] for a, v in axis_totals.items()}
     out["comm_exposed_by_axis_s"] = {a: v["exposed_s"] for a, v in axis_totals.items()}
     out["comm_bytes_by_axis"] = {a: sum(c.get("bytes", 0.0) for c in v.values()) for a, v in by_axis.items()}
+    out["comm_bytes_as_run_by_axis"] = {a: sum(c.get("bytes_as_run", c.get("bytes", 0.0)) for c in v.values())
+                                        for a, v in by_axis.items()}
     return out
 
 
@@ -210,6 +212,9 @@ def merge_ranks(per_rank: list[dict]) -> dict:
                                                 / r["profiled_step_time_s"] for r in per_rank]) for a in axes}
     out["comm_bytes_by_axis"] = {a: max(r["comm_bytes_by_axis"].get(a, 0.0) for r in per_rank) for a in axes}
     out["comm_bytes_by_axis_per_rank"] = {a: [r["comm_bytes_by_axis"].get(a, 0.0) for r in per_rank] for a in axes}
-    for a in AXES:  # the measured twins of the cost model's comm_<axis>_bytes
+    for a in AXES:  # the measured twins of the cost model's comm_<axis>_bytes (the collective asked for) ...
         out[f"comm_{a}_bytes"] = out["comm_bytes_by_axis"].get(a, 0.0)
+        # ... and what the backend ran (gloo: a reduce-scatter as an all-reduce of the whole input)
+        out[f"comm_{a}_bytes_as_run"] = max((r.get("comm_bytes_as_run_by_axis", {}).get(a, 0.0) for r in per_rank),
+                                            default=0.0)
     return out

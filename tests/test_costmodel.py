@@ -221,18 +221,21 @@ def test_bubble_decreases_with_microbatches(p, v, m, schedule):
 @settings(max_examples=40, deadline=None)
 @given(models, hs.sampled_from([2, 4, 8, 16, 256]), hs.sampled_from([1, 2, 4]))
 def test_comm_volume_scaling(md, n, m):
-    """DDP: 2(N-1)/N x grad bytes once per step; ZeRO-3/FSDP: (N-1)/N x (Ψ + m Ψ_blocks) gathered
-    (the root unit stays gathered) + (N-1)/N x Ψ reduce-scattered, i.e. the paper's 3(N-1)/N Ψ at
-    m = 1 up to the root; ZeRO-2 (no reshard after forward): 2(N-1)/N Ψ whatever m; TP and PP traffic
-    grows linearly with the micro-batches, DDP's does not."""
+    """Relations the literature states between layouts, not the model's own formula (which the
+    measured flight-recorder counts check, in-sample in test_fidelity and held out in
+    test_comm_heldout): DDP all-reduces once per optimizer step whatever the accumulation, and at 2
+    ranks a ring all-reduce sends the gradient once (nccl-tests); ZeRO-2 moves what DDP moves, ZeRO-3
+    at most 1.5x (Rajbhandari et al. 2020, section 7: 2Ψ vs 3Ψ) and more with every micro-batch
+    that gathers again; TP and PP traffic is per micro-batch."""
     psi_b = 4 * md.params_total
-    blocks_b = 4 * md.L * (4 * md.h * md.h + 2 * md.h * md.d_ff + 4 * md.h)
-    ddp = evaluate(md, HW, STAGES[0], n, 1, 1, 1, 1, 1, m, "fp32", "none", detail=False)
-    assert ddp["comm_dp_bytes"] == pytest.approx(2 * (n - 1) / n * psi_b, rel=1e-12)
-    z3 = evaluate(md, HW, STAGES[3], n, 1, 1, 1, 1, 1, m, "fp32", "none", detail=False)
-    assert z3["comm_dp_bytes"] == pytest.approx((n - 1) / n * (2 * psi_b + m * blocks_b), rel=1e-12)
-    z2 = evaluate(md, HW, STAGES[2], n, 1, 1, 1, 1, 1, m, "fp32", "none", detail=False)
-    assert z2["comm_dp_bytes"] == pytest.approx(2 * (n - 1) / n * psi_b, rel=1e-12)
+    at = lambda stage, mbs: evaluate(md, HW, STAGES[stage], n, 1, 1, 1, 1, 1, mbs, "fp32", "none",  # noqa: E731
+                                     detail=False)["comm_dp_bytes"]
+    ddp = at(0, m)
+    assert at(0, 2 * m) == ddp
+    assert (ddp == pytest.approx(psi_b, rel=1e-12)) if n == 2 else (psi_b < ddp < 2 * psi_b)
+    assert at(2, m) == pytest.approx(ddp, rel=1e-12)
+    assert ddp < at(3, 1) <= 1.5 * ddp
+    assert at(3, 2 * m) > at(3, m)
     one = evaluate(md, HW, THREE_D, 1, 2, 2, 1, 1, 1, m, "fp32", "none", detail=False)
     two = evaluate(md, HW, THREE_D, 1, 2, 2, 1, 1, 1, 2 * m, "fp32", "none", detail=False)
     assert two["comm_tp_bytes"] == pytest.approx(2 * one["comm_tp_bytes"])

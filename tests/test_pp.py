@@ -88,11 +88,12 @@ def check_timeline(rec: dict, schedule: str) -> None:
     assert m["bubble_pct"] == pytest.approx(sum(m["bubble_pct_per_rank"]) / world)
 
 
-# The measured bubble of 1F1B (idle time between a rank's actions, mean over ranks) against the
-# schedule simulator's (unit F = 1, B = 2, free communication; (p-1)/(m+p-1) for 1F1B). The measured
-# one also holds the sends and receives and the last stage's heavier head, so it sits above:
-# pp2 m4 measured 22.0 % vs 20.0 % simulated on this 2-core machine at load 10.
-BUBBLE_TOLERANCE_POINTS = 15
+# The measured bubble of 1F1B against the schedule simulator's (unit F = 1, B = 2, free
+# communication, equal stages: (p-1)/(m+p-1) on every rank). Measured stages are not equal (stage 0
+# holds the embeddings, the last one the head and the loss): the lighter ranks wait on the heaviest,
+# so the rank to compare is the bottleneck, the one idle least. Measured on this 2-core machine at
+# load 17: pp2 m4 16.4 % vs 20.0 %, pp4 m8 (4 ranks time-sharing 2 cores) 23.9 % vs 27.3 %.
+BUBBLE_TOLERANCE_POINTS = 10
 
 
 def check_bubble_follows_schedule(rec: dict) -> None:
@@ -100,8 +101,9 @@ def check_bubble_follows_schedule(rec: dict) -> None:
 
     m, d = rec["measured"], rec["dims"]
     sim = simulate(rec["config"]["strategy"]["schedule"], d["pp"], m["num_microbatches"], d["vpp"])
-    assert abs(m["bubble_pct"] - sim.bubble_pct) <= BUBBLE_TOLERANCE_POINTS, \
-        (m["bubble_pct"], m["bubble_pct_per_rank"], sim.bubble_pct)
+    bottleneck = min(m["bubble_pct_per_rank"])
+    assert abs(bottleneck - sim.bubble_pct) <= BUBBLE_TOLERANCE_POINTS, \
+        (bottleneck, m["bubble_pct_per_rank"], sim.bubble_pct)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PRESET, WARMUP, STEPS = "small", 3, 10
 ROUNDS = int(os.environ.get("BRIGADE_BENCH_ROUNDS", "5"))  # fewer for a quick look
@@ -53,6 +55,7 @@ def _brigade_stamps(results_dir: Path):
     return read
 
 
+@pytest.mark.timeout(3600)  # 3 sides x ROUNDS runs: minutes on a quiet machine, far more under load
 def test_harness_overhead_vs_bare_torchrun(benchmark, tmp_path):
     stamps = tmp_path / "bare_stamps.json"
     bare_argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -95,6 +98,7 @@ def test_harness_overhead_vs_bare_torchrun(benchmark, tmp_path):
     print("\n".join(lines))
 
 
+@pytest.mark.timeout(1800)
 def test_fixed_cost_of_a_tiny_single_run(benchmark, tmp_path):
     """The smallest run there is (model=tiny, single, lean): its wall time is nearly all fixed cost."""
     argv = [sys.executable, "-m", "harness", "model=tiny", "strategy=single", f"workload.warmup_steps={WARMUP}",

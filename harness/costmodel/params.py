@@ -56,8 +56,10 @@ def block_tensors(h: int, d_ff: int, n_experts: int, tp: int, ep: int) -> list[t
     if n_experts:
         out += [(1, *_local("router", (n_experts, h), tp), "dense")]
         local_experts = n_experts // ep
-        out += [(local_experts, *_local("fc1", (d_ff, h), tp), "expert"),
-                (local_experts, *_local("fc2", (h, d_ff), tp), "expert")]
+        # experts are whole on every tp rank: models/tp_plan.py plans mlp.fc1 / mlp.fc2 of dense MLPs
+        # only, a MoE MLP runs replicated on the tp group's (replicated) activations (strategies/moe3d.py)
+        out += [(local_experts, *_local("fc1", (d_ff, h), 1), "expert"),
+                (local_experts, *_local("fc2", (h, d_ff), 1), "expert")]
     else:
         out += [(1, *_local("fc1", (d_ff, h), tp), "dense"), (1, *_local("fc2", (h, d_ff), tp), "dense")]
     return out

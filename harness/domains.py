@@ -63,7 +63,7 @@ DOMAINS = {
     "logger.mode": (_one_of("offline", "online", "disabled"), "offline, online or disabled"),
     "plan.gpus": SIZE, "plan.top_k": SIZE, "plan.run_top": COUNT,
     "rerun": (_one_of("none", "failed", "all"), "none, failed or all"),
-    "fault": (_one_of("none", "crash_rank1", "hang_rank1"), "none, crash_rank1 or hang_rank1"),
+    "fault": (_one_of("none", "crash_rank1", "hang_rank1", "oom_rank1"), "none, crash_rank1, hang_rank1 or oom_rank1"),
 }
 
 

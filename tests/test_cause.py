@@ -68,9 +68,15 @@ def test_sigkill_while_the_kernel_oom_killed_is_oom(tmp_path):
     assert status == "oom" and "the kernel OOM-killed 1 process(es) during the run" in error
 
 
-def test_an_error_a_second_before_the_signal_death_is_the_cause(tmp_path):
+def test_a_peer_that_noticed_before_torchrun_stamped_the_death_is_still_a_consequence(tmp_path):
+    t = float(int(time.time()))  # observed under load: the peer's error 0.08 s before the stamped second
+    d = run_dir_with(tmp_path, [{"rank": 0, "time": t - 0.08, "message": "Connection closed by peer"}], summary_at=t)
+    assert cause.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: killed by SIGKILL (exit code -9)")
+
+
+def test_an_error_well_before_the_signal_death_is_the_cause(tmp_path):
     t = float(int(time.time()))
-    d = run_dir_with(tmp_path, [{"rank": 0, "time": t - 1.5, "message": "boom"}], summary_at=t)
+    d = run_dir_with(tmp_path, [{"rank": 0, "time": t - 5, "message": "boom"}], summary_at=t)
     assert cause.verdict(Run, d, result(tmp_path)) == ("failed", "rank 0: RuntimeError: boom")
 
 

@@ -154,3 +154,41 @@ def test_launcher_master_port_is_the_port_torchrun_listens_on(tmp_path):
     (r,) = strict_records(tmp_path)
     assert r["status"] == "failed" and f"port: {port}" in r["error"] and "EADDRINUSE" in r["error"], r["error"]
     assert p.returncode == 1
+
+
+def _memory_cgroup(tmp_path) -> Path | None:
+    """A memory cgroup of 2 GiB this test may create (cgroup v1 or v2, as root), else None."""
+    for root, limit in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+        cg = Path(root) / f"brigade-test-{tmp_path.name}"
+        try:
+            cg.mkdir()
+            (cg / limit).write_text(str(2 << 30))
+            return cg
+        except OSError:
+            if cg.exists():
+                cg.rmdir()
+    return None
+
+
+def test_a_rank_the_kernel_oom_kills_is_oom(tmp_path):
+    cg = _memory_cgroup(tmp_path)
+    if cg is None:
+        pytest.skip("no memory cgroup can be created here (needs root and a writable cgroup hierarchy)")
+    try:
+        # the whole invocation in the cgroup; rank 1 touches up to 4 GiB, so the kernel kills it at 2 GiB
+        argv = [sys.executable, "-m", "harness", *FAST, "strategy=ddp", "parallel.dp=2", "fault=oom_rank1",
+                "launcher.timeout_s=120", f"results_dir={tmp_path}"]
+        p = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh", *argv], cwd=REPO,
+                           capture_output=True, text=True, timeout=400)
+        (r,) = strict_records(tmp_path)
+        assert r["status"] == "oom", (r["status"], r["error"])
+        assert r["error"].startswith("rank 1: killed by SIGKILL (exit code -9); the kernel OOM-killed"), r["error"]
+        assert leftovers(tmp_path) == []
+        assert p.returncode == 1, p.stderr[-2000:]
+    finally:
+        for _ in range(50):  # the cgroup can be removed once its last process is gone
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)

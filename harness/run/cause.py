@@ -9,8 +9,10 @@ Three witnesses, none enough alone:
   - the kernel's oom_kill counter (/proc/vmstat), read by the launcher before and after the run: a
     rank killed by SIGKILL while the counter rose was, in all likelihood, the OOM killer's victim.
 A rank that died by SIGTERM is torchrun tearing the others down after the first failure, so it is
-the cause only when nothing else is. Ties within torchrun's one-second resolution go to the signal
-death (its peers notice it within milliseconds). Error files written before the parent began to end
+the cause only when nothing else is. A death by another signal is stamped when torchrun's monitor
+saw it, floored to the second, and under load that poll lags (observed: a peer's error 0.08 s before
+the stamped second, at load 21 on 2 cores), so it counts SIGNAL_SLACK_S earlier than its stamp; and
+an error that says a peer went away ("Connection reset by peer", ...) is never preferred to it. Error files written before the parent began to end
 the run (timeout or a signal to the parent) win over `timeout`/`interrupted`: the run had failed.
 """
 from __future__ import annotations
@@ -26,6 +28,12 @@ from harness import rundir
 
 # One entry of torchrun's ChildFailedError summary (torch/distributed/elastic/multiprocessing/errors).
 _SUMMARY_ENTRY = re.compile(r"time\s*:\s*(\S+)\s*\n\s*host\s*:.*\n\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+SIGNAL_SLACK_S = 3.0
+# What a rank raises when a peer vanished: a consequence of another rank's death, not a cause.
+_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"
+                        r"communicator was aborted", re.IGNORECASE)
 
 
 @dataclass
@@ -89,8 +97,14 @@ def first_death(run_dir: Path, result) -> Death | None:
                f"host memory ran out" if oom else "")
         death = Death(rank, seen, "oom" if oom else "failed", f"rank {rank}: killed by {name} (exit code {code}){why}")
         (torn_down if code == -signal.SIGTERM else candidates).append(death)
-    # a signal death is stamped at the start of its second: it sorts before its peers' errors in that second
-    ordered = sorted(candidates or torn_down, key=lambda d: d.time)
+    killed = any(d.rank not in errors for d in candidates)
+
+    def when(d: Death) -> float:
+        if d.rank not in errors:  # a signal death, stamped late
+            return d.time - SIGNAL_SLACK_S
+        return float("inf") if killed and _PEER_LOST.search(d.error) else d.time
+
+    ordered = sorted(candidates or torn_down, key=when)
     return ordered[0] if ordered else None
 
 

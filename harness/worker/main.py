@@ -119,6 +119,9 @@ def _run(run_dir: Path, rank: int) -> None:
         strategy.model.compile()
     if run.fault == "crash_rank1" and rank == 1:
         raise RuntimeError("fault injection: rank 1 crashed on purpose (fault=crash_rank1)")
+    if run.fault == "oom_rank1" and rank == 1:  # touch up to 4 GiB: the tests run it in a memory cgroup
+        hog = [bytearray(64 << 20) for _ in range(64)]  # noqa: F841 - zero-filled, so every page is resident
+        time.sleep(10**6)
     if run.fault == "hang_rank1" and rank == 1:
         time.sleep(10**6)
 

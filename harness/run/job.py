@@ -83,7 +83,9 @@ def run_job(cfg: DictConfig) -> dict:
         record = rec.make_record(raw, None, None, "invalid", f"{type(e).__name__}: {e}")
         return _finish(record, raw.get("results_dir", "results"), None, None)
 
-    if run.study != "adhoc":  # a named study: one invocation runs a config at a time (harness/run/claim.py)
+    # a named study: one invocation runs a config at a time (harness/run/claim.py); not inside a SLURM
+    # job, where every node's task runs this function for the same run
+    if run.study != "adhoc" and not _slurm_job(run):
         held = claim.take(run.results_dir, run.study, rec.run_id(config))
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")

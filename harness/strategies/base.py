@@ -120,19 +120,27 @@ class Strategy:
     # -- gradients, for the parity tests (harness/grad_dump.py) ----------------------------------
     def stepping_optimizer(self) -> torch.optim.Optimizer:
         """The torch optimizer whose step() runs once per optimizer step with every gradient final
-        (reduced, averaged): a step pre-hook on it sees the step's gradients."""
-        return self.optimizer
+        (reduced, averaged): a step pre-hook on it sees the step's gradients. An optimizer that
+        reduces inside its own step (harness/strategies/distributed_optimizer.py) names the inner
+        optimizer it then steps."""
+        return getattr(self.optimizer, "inner", self.optimizer)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """{name in the single-process model: full fp32 gradient} of every parameter this rank holds.
         A collective where grads are DTensors (FSDP shards, TP slices: full_tensor() gathers them),
         so every rank of the mesh calls it at the same point. Call between the last backward and
         the optimizer step (or after it: torch optimizers leave grads in place)."""
+        reduced = getattr(self.optimizer, "reduced_local_grads", None)
+        reduced = reduced() if callable(reduced) else {}
         out = {}
         for name, p in self.model.named_parameters():
-            g = p.grad
+            g = reduced.get(id(p), p.grad)
             if g is None:
                 continue
+            if id(p) in reduced and hasattr(p, "placements"):  # a TP shard: make it a DTensor again
+                from torch.distributed.tensor import DTensor
+
+                g = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False)
             full = getattr(g, "full_tensor", None)
             out[canonical_name(name)] = (full() if callable(full) else g).detach().float().cpu().clone()
         return out

@@ -70,6 +70,20 @@ class DistributedOptimizer:
             t.copy_(full[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
 
+    def reduced_local_grads(self) -> dict[int, torch.Tensor]:
+        """{id(param): its gradient averaged over the group, as this rank holds the param (a TP
+        DTensor's local shard)}: the reduced slices all-gathered. Only inside step(), between the
+        reduce-scatter and the inner step: the parity tests' gradient dump (harness/worker/grad_dump.py)
+        wraps the inner optimizer's step for it."""
+        full = torch.empty(self.n * self.shard, dtype=torch.float32, device=self.master.device)
+        dist.all_gather_into_tensor(full, self.master.grad, group=self.group)
+        out, offset = {}, 0
+        for p in self.params:
+            t = _local(p)
+            out[id(p)] = full[offset:offset + t.numel()].view_as(t)
+            offset += t.numel()
+        return out
+
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """optimizer: the moments and step of the slice; master: the fp32 slice itself."""
         opt = [v for st in self.inner.state.values() for v in st.values() if torch.is_tensor(v)]

@@ -46,6 +46,14 @@ def test_gemm_sweep_and_dispatch_are_measured():
     assert 50 < ops_per_layer() < 1000  # LayerNorms, 6 linears, SDPA, GELU, adds: forward and backward
 
 
+def test_alpha_beta_fit_of_noisy_points_stays_physical():
+    """all_to_all at 2 ranks measured at load 17: the 1 MB message ran faster than the 64 KB one. The
+    fit once returned B = 1e15 B/s (β clamped at 1e-15); a bandwidth no message achieved is not one."""
+    points = [(0.5 * 8, 1630.8e-6), (0.5 * 65536, 3509.7e-6), (0.5 * 1048576, 850.0e-6)]
+    alpha, bw = fit_alpha_beta(points)
+    assert alpha >= 0 and 0 < bw <= max(x / t for x, t in points), (alpha, bw)
+
+
 @pytest.mark.slow
 def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     path = tmp_path / "hardware" / "cpu_quick_test.yaml"
@@ -55,9 +63,10 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     assert "composes as hardware=cpu_quick_test" in out.stdout
     prof = yaml.safe_load(path.read_text())
     assert prof["name"] == "cpu_quick_test" and prof["device"] == "cpu"
-    # physically plausible for this machine: no faster than one core's peak, no slower than a toy
+    # physically plausible for this machine: no faster than one core's peak, no slower than 1 MFLOP/s
+    # (bf16 without bf16 units, measured here at load 17: 8e-5 TFLOP/s)
     for dtype in ("fp32", "bf16"):
-        assert 1e-5 < prof["achievable_tflops"][dtype] <= core_peak_tflops(dtype), (dtype, prof["achievable_tflops"])
+        assert 1e-6 < prof["achievable_tflops"][dtype] <= core_peak_tflops(dtype), (dtype, prof["achievable_tflops"])
     assert 0.1 < prof["memory_bw_GBps"] < 500, prof["memory_bw_GBps"]  # one core's STREAM triad
     assert prof["compute"]["gemm"]["fp32"]["points"] and prof["compute"]["op_dispatch_us"] > 0
     for coll in COLLECTIVES:

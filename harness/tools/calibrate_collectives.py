@@ -112,7 +112,10 @@ def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     beta = (sw * sxt - sx * st) / det
     if alpha < 0 or beta <= 0:  # refit the constrained edge: α = 0 (β from the weighted ratio)
         alpha = max(alpha, 0.0)
-        beta = max(sum(wi * x * (t - alpha) for wi, (x, t) in zip(w, points)) / sxx, 1e-15)
+        beta = sum(wi * x * (t - alpha) for wi, (x, t) in zip(w, points)) / sxx
+        if beta <= 0:  # noise (a loaded machine: 1 MB faster than 64 KB) left no time for the bytes once
+            # α is paid: the line through the origin, whose B the largest message's time bounds
+            alpha, beta = 0.0, sum(wi * x * t for wi, (x, t) in zip(w, points)) / sxx
     return alpha, 1.0 / beta
 
 

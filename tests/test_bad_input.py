@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from harness.config import as_dict, to_run_config
+from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError
 from harness.domains import DOMAINS
 from harness.run import record as rec
@@ -34,7 +34,18 @@ def base(model: str, strategy: str, tmp_dir):
     return _COMPOSED[model, strategy]
 
 
-FIELDS = sorted(DOMAINS) + ["model.attention", "workload.precision", "strategy.schedule"]
+def _leaves(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
+    return out
+
+
+# Every scalar field of the schema (new fields join by themselves), the ones with a domain twice.
+_SKIP = ("results_dir", "study", "hardware.source", "hardware.collectives", "hardware.compute", "strategy.ds.extra",
+         "launcher.additional_parameters")
+FIELDS = sorted(DOMAINS) + [f for f in _leaves(OmegaConf.to_container(OmegaConf.structured(RunConfig)))
+                            if not f.startswith(_SKIP)]
 # Mostly values of the field's own type (zeros, negatives, huge, non-finite), sometimes of any type.
 VALUES = {int: st.one_of(st.sampled_from(INTS), st.integers(-3, 16)),
           float: st.one_of(st.sampled_from(FLOATS), st.sampled_from(INTS), st.floats(-2, 2)),

@@ -156,7 +156,10 @@ def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list
     # tp_plan.py wraps them one by one; the profiled window counted 6 per layer on model=tiny): 6.
     # With sequence parallel the attention and MLP inputs are gathered once (PrepareModuleInput), so
     # the gradient is reduce-scattered once per input: 4 all-reduce equivalents (Megatron's count).
-    tp_calls = max((4 if st.sp else 6) * r.layers + int(r.first) + int(r.last) for r in ranks)
+    # A MoE MLP is not TP-sharded (experts whole on every tp rank): its block has attention's 4 (o
+    # forward; q, k, v backward; the 4D run on moe_tiny measured 9 per stage and micro-batch, 2 layers).
+    per_layer = 4 if (st.sp or md.E) else 6
+    tp_calls = max(per_layer * r.layers + int(r.first) + int(r.last) for r in ranks)
     return AxisLinks(
         tp=link("all_reduce", pl.tp, 1) if pl.tp > 1 else None,
         pp=link("send_recv", 2, pl.dp * pl.tp) if pl.pp > 1 else None,

@@ -12,6 +12,8 @@ from harness.domains import check_domains
 from harness.validate_layouts import validate_layouts
 
 CHECKPOINTING = ("none", "selective", "full")
+# model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
+MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope")}
 
 
 def available_strategies() -> list[str]:
@@ -68,6 +70,7 @@ def validate(run: RunConfig) -> ParallelDims:
         if m.n_experts:
             raise ConfigError("sequence_parallel covers dense MLPs only (models/tp_plan.py); "
                               f"model {m.name} has {m.n_experts} experts: set strategy.sequence_parallel=false")
+    _validate_llama_options(m, dims)
     if m.n_layers % (dims.pp * dims.vpp):
         raise ConfigError(f"n_layers {m.n_layers} not divisible by pp*vpp {dims.pp * dims.vpp} "
                           f"(pp {dims.pp} * vpp {dims.vpp})")
@@ -117,6 +120,28 @@ def validate(run: RunConfig) -> ParallelDims:
                    if need == 3 else "stage 0 has no ZeRO optimizer whose partition could live in host memory")
             raise ConfigError(f"offload {s.offload} needs ZeRO stage >= {need} (got {s.zero_stage}): {why}")
     return dims
+
+
+def _validate_llama_options(m, dims: ParallelDims) -> None:
+    for option, values in MODEL_OPTIONS.items():
+        if getattr(m, option) not in values:
+            raise ConfigError(f"unknown model.{option} '{getattr(m, option)}'; available: {', '.join(values)}")
+    kv = m.n_kv_heads or m.n_heads
+    if kv < 1 or m.n_heads % kv:
+        raise ConfigError(f"n_heads {m.n_heads} not divisible by n_kv_heads {kv} ({m.n_heads} % {kv} = "
+                          f"{m.n_heads % kv if kv else 'undefined'}): each kv head serves n_heads/n_kv_heads query heads")
+    if kv % dims.tp:
+        raise ConfigError(f"n_kv_heads {kv} not divisible by tp {dims.tp} ({kv} % {dims.tp} = {kv % dims.tp}): "
+                          f"tensor parallel gives each rank n_kv_heads/tp whole kv heads")
+    head_dim = m.d_model // m.n_heads
+    if m.position == "rope" and head_dim % 2:
+        raise ConfigError(f"rope rotates pairs of features: head_dim d_model {m.d_model} / n_heads {m.n_heads} = "
+                          f"{head_dim} is odd")
+    if m.tie_embeddings and dims.pp * dims.vpp > 1:
+        raise ConfigError(f"tie_embeddings shares one tensor between the embedding (first stage) and the head "
+                          f"(last stage); with pp {dims.pp} * vpp {dims.vpp} = {dims.pp * dims.vpp} stages they are "
+                          f"on different ranks and brigade does not synchronise the tie: use pp=1 or "
+                          f"model.tie_embeddings=false")
 
 
 def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:

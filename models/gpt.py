@@ -1,10 +1,18 @@
-"""A GPT-style decoder, small enough to read top to bottom.
+"""A GPT-style decoder, small enough to read top to bottom, with the Llama-family options.
 
-token + learned position embeddings -> n_layers pre-norm blocks (causal self-attention, GELU MLP or
-MoE) -> final LayerNorm -> untied linear head. The head is untied (as in Llama / torchtitan) so a
-pipeline can place the embedding on the first stage and the head on the last with no weight shared
-across stages. Linear layers have no bias (so tensor-parallel sharding is exact and the parameter
-count is 4h^2 + 2h*d_ff per block, plus 4h for the two LayerNorms).
+token (+ learned position) embeddings -> n_layers pre-norm blocks (causal self-attention, MLP or
+MoE) -> final norm -> linear head. The defaults are GPT-2's shape with an untied head and no
+linear biases; the options (models/layers.py, config `model.*`) turn it into Llama 2/3:
+    norm=rmsnorm, mlp=swiglu, position=rope (rope_theta), n_kv_heads < n_heads (grouped-query
+    attention: k and v have n_kv_heads heads, each shared by n_heads/n_kv_heads query heads),
+    tie_embeddings (head.weight is tok_emb.weight; one pipeline stage only), bias (attention/MLP).
+The head is untied by default (as in Llama / torchtitan) so a pipeline can place the embedding on
+the first stage and the head on the last with no weight shared across stages.
+
+Construction and initialisation are separate: `build_model(cfg, device="meta")` allocates nothing,
+the strategy shards the meta model, then `models.init.materialize` allocates and initialises only
+the local shards, each element from a generator seeded by (seed, parameter name, row block), so
+the full initial weights are the same whatever the sharding.
 
 Blocks live in a ModuleDict keyed by layer index, so a pipeline stage deletes the blocks it does
 not own and keeps the others' names (state dicts match the full model key for key). `forward`
@@ -20,30 +28,40 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from models.layers import MLP
+from models.layers import apply_rope, make_mlp, make_norm
 from models.moe import MoE
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float, attention: str):
+    def __init__(self, cfg):
         super().__init__()
-        self.head_dim = d_model // n_heads
-        self.q = nn.Linear(d_model, d_model, bias=False)
-        self.k = nn.Linear(d_model, d_model, bias=False)
-        self.v = nn.Linear(d_model, d_model, bias=False)
-        self.o = nn.Linear(d_model, d_model, bias=False)
-        self.dropout = dropout
-        self.attention = attention
+        h, a = cfg.d_model, cfg.n_heads
+        kv = cfg.n_kv_heads or a
+        self.head_dim = h // a
+        self.q = nn.Linear(h, h, bias=cfg.bias)
+        self.k = nn.Linear(h, kv * self.head_dim, bias=cfg.bias)  # GQA: n_kv_heads * head_dim outputs
+        self.v = nn.Linear(h, kv * self.head_dim, bias=cfg.bias)
+        self.o = nn.Linear(h, h, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        self.attention = cfg.attention
+        self.rope_theta = cfg.rope_theta if cfg.position == "rope" else None
         self.checkpoint_core = False  # selective recompute: recompute softmax(QK^T)V in backward
         self.context_parallel = None  # a core over a sequence split (harness/strategies/cp.py), or None
 
     def core(self, q, k, v):
-        # q, k, v: (B, nh, T, hs)
+        # q: (B, nh, T, hs); k, v: (B, n_kv, T, hs), n_kv divides nh (each kv head serves nh/n_kv q heads)
         p = self.dropout if self.training else 0.0
+        gqa = k.size(1) != q.size(1)
         if self.context_parallel is not None:  # this rank's queries against every rank's keys
+            if gqa:  # the context-parallel core takes one k/v head per query head
+                rep = q.size(1) // k.size(1)
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             return self.context_parallel(q, k, v, p, self.attention)
         if self.attention == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=gqa)
+        if gqa:
+            rep = q.size(1) // k.size(1)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         T = q.size(-2)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T) materialised
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -53,7 +71,10 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, _ = x.shape
         # view(B, T, -1, hs) rather than n_heads: under tensor parallel a rank holds n_heads/tp heads
+        # (and n_kv_heads/tp kv heads)
         q, k, v = (proj(x).view(B, T, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        if self.rope_theta is not None:
+            q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
         if self.checkpoint_core and self.training:
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
@@ -65,13 +86,10 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
-        if cfg.n_experts:
-            self.mlp = MoE(cfg)
-        else:
-            self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.ln1 = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.ln2 = make_norm(cfg)
+        self.mlp = MoE(cfg) if cfg.n_experts else make_mlp(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -83,23 +101,15 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.ln_f = make_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
         self.checkpoint_blocks = False
         self.positions = None  # the token positions this rank holds under context parallel; None: 0..T-1
-        self.apply(self._init)
-        # GPT-2: scale the residual projections by 1/sqrt(2L) so the residual stream's variance holds
-        for name, p in self.named_parameters():
-            if name.endswith(("attn.o.weight", "fc2.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """none | selective (attention core recomputed) | full (each block recomputed)."""
@@ -111,8 +121,13 @@ class GPT(nn.Module):
         """x: token ids (B, T) if this module has the embedding, else hidden states (B, T, h).
         Returns logits (B, T, V) if it has the head, else hidden states."""
         if self.tok_emb is not None:
+            # positions from the token ids (B, T): under sequence parallel the embedding's output is
+            # already this rank's T/tp slice, and the position table's output is cut to it (tp_plan)
             pos = self.positions if self.positions is not None else torch.arange(x.size(1), device=x.device)
-            x = self.drop(self.tok_emb(x) + self.pos_emb(pos))
+            x = self.tok_emb(x)
+            if self.pos_emb is not None:
+                x = x + self.pos_emb(pos)
+            x = self.drop(x)
         for block in self.blocks.values():
             if self.checkpoint_blocks and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
@@ -130,10 +145,18 @@ class GPT(nn.Module):
         return sum(losses) if losses else None
 
 
-def build_model(cfg, seed: int) -> GPT:
-    """Same seed -> same weights on every rank and in every strategy (the parity tests rely on it)."""
-    torch.manual_seed(seed)
-    return GPT(cfg)
+def build_model(cfg, seed: int | None = None, device: str | torch.device = "cpu") -> GPT:
+    """The model on `device`. On "meta" nothing is allocated (the worker's path: shard it, then the
+    strategy calls models.init.materialize). On a real device it is materialised and initialised here
+    with `seed` (tests, scripts without a strategy). Same seed -> same weights in every layout."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    if str(device) != "meta":
+        from models.init import materialize
+
+        assert seed is not None, "a materialised model needs a seed"
+        materialize(model, device, seed)
+    return model
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

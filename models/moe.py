@@ -2,10 +2,10 @@
 
     x (B, T, h) -> tokens (S = B*T, h) -> router logits (S, E) -> route -> experts -> combine -> (B, T, h)
 
-Parameters (names the cost model counts; all Linear, no bias):
+Parameters (names the cost model counts; all Linear, no bias by default):
     mlp.router.weight          (E, h)        router, dense: data-parallel like attention
     mlp.experts.<e>.fc1.weight (d_ff, h)     expert e, e = 0..E-1 (global index, kept when sharded)
-    mlp.experts.<e>.fc2.weight (h, d_ff)
+    mlp.experts.<e>.fc2.weight (h, d_ff)     (model.mlp=swiglu: gate, up, down; model.bias: + biases)
 so a MoE block has E*h + E*2*h*d_ff MLP parameters, of which each token uses k experts.
 
 Gating mirrors DeepSpeed 0.19.8 `deepspeed.moe.sharded_moe.TopKGate` (top1gating / top2gating /
@@ -55,7 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.layers import MLP
+from models.layers import make_mlp
 
 MIN_CAPACITY = 4  # DeepSpeed MoE layer's default min_capacity; pass the same to a DeepSpeed layer
 
@@ -131,7 +131,7 @@ class MoE(nn.Module):
         super().__init__()
         self.n_experts, self.top_k, self.capacity_factor = cfg.n_experts, cfg.top_k, cfg.capacity_factor
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): MLP(cfg.d_model, cfg.d_ff, cfg.dropout) for e in range(cfg.n_experts)})
+        self.experts = nn.ModuleDict({str(e): make_mlp(cfg) for e in range(cfg.n_experts)})
         self.dispatch = local_dispatch  # (moe, rows sorted by expert, counts (E,)) -> expert outputs, same order
         self.aux_loss: torch.Tensor | None = None
         self.last_load: dict[str, torch.Tensor] | None = None

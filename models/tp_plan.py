@@ -9,6 +9,11 @@ Megatron-LM's split (Shoeybi et al. 2019, sec. 3) on a tp group of size t, for o
                input side of the column-parallel projections).
     MLP        Z = sum_i GeLU(X W1_i) W2_i            W1 by columns, W2 by rows: same pattern, GeLU
                is element-wise so it needs no communication between the two matmuls.
+    SwiGLU     Z = sum_i (silu(X Wg_i) * X Wu_i) Wd_i  gate and up by columns, down by rows.
+    GQA        Wk, Wv have n_kv_heads * head_dim columns, split by columns = by kv heads: each rank
+               holds n_kv_heads/t kv heads, the ones its n_heads/t query heads use (validation makes
+               t divide n_kv_heads). Biases: a column-parallel bias is split with its outputs, a
+               row-parallel bias is replicated (added once, after the all-reduce).
 
 So a block costs 2 all-reduces of the (B, T, h) activations forward and 2 backward, and each rank
 holds 1/t of the 4h^2 + 2h*d_ff linear weights.
@@ -63,6 +68,9 @@ PLAN: tuple[tuple[str, str], ...] = (
     ("blocks.*.mlp", "gather_input"),
     ("blocks.*.mlp.fc1", "colwise"),
     ("blocks.*.mlp.fc2", "rowwise"),
+    ("blocks.*.mlp.gate", "colwise"),
+    ("blocks.*.mlp.up", "colwise"),
+    ("blocks.*.mlp.down", "rowwise"),
     ("ln_f", "norm"),
     ("head", "head"),
 )
@@ -85,18 +93,43 @@ def role_of(module_name: str) -> str | None:
 
 
 def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of the dense GPT in models/gpt.py, from its config alone (pure)."""
+    """Parameter name -> shape of the dense model in models/gpt.py, from its config alone (pure),
+    in named_parameters() order (a tied head is the embedding: not listed twice)."""
     h, f, V, s = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.seq_len
-    shapes: dict[str, tuple[int, ...]] = {"tok_emb.weight": (V, h), "pos_emb.weight": (s, h)}
+    kv = (cfg.n_kv_heads or cfg.n_heads) * (h // cfg.n_heads)
+    norm = ("weight", "bias") if cfg.norm == "layernorm" else ("weight",)
+    linear = ("weight", "bias") if cfg.bias else ("weight",)
+    mlp = ({"fc1": (f, h), "fc2": (h, f)} if cfg.mlp == "gelu" else {"gate": (f, h), "up": (f, h), "down": (h, f)})
+    shapes: dict[str, tuple[int, ...]] = {"tok_emb.weight": (V, h)}
+    if cfg.position == "learned":
+        shapes["pos_emb.weight"] = (s, h)
+
+    def add(prefix, out_in):
+        for p in linear:
+            shapes[f"{prefix}.{p}"] = out_in if p == "weight" else out_in[:1]
+
     for i in range(cfg.n_layers):
         b = f"blocks.{i}"
-        shapes.update({f"{b}.ln1.weight": (h,), f"{b}.ln1.bias": (h,),
-                       f"{b}.attn.q.weight": (h, h), f"{b}.attn.k.weight": (h, h),
-                       f"{b}.attn.v.weight": (h, h), f"{b}.attn.o.weight": (h, h),
-                       f"{b}.ln2.weight": (h,), f"{b}.ln2.bias": (h,),
-                       f"{b}.mlp.fc1.weight": (f, h), f"{b}.mlp.fc2.weight": (h, f)})
-    shapes.update({"ln_f.weight": (h,), "ln_f.bias": (h,), "head.weight": (V, h)})
+        shapes.update({f"{b}.ln1.{p}": (h,) for p in norm})
+        for name, out_in in (("q", (h, h)), ("k", (kv, h)), ("v", (kv, h)), ("o", (h, h))):
+            add(f"{b}.attn.{name}", out_in)
+        shapes.update({f"{b}.ln2.{p}": (h,) for p in norm})
+        for name, out_in in mlp.items():
+            add(f"{b}.mlp.{name}", out_in)
+    shapes.update({f"ln_f.{p}": (h,) for p in norm})
+    if not cfg.tie_embeddings:
+        shapes["head.weight"] = (V, h)
     return shapes
+
+
+def sharded_dim(param_name: str) -> int | None:
+    """The dim of this parameter split over tp (None: replicated). A column-parallel bias is split
+    with the outputs; a row-parallel bias is replicated."""
+    module, _, leaf = param_name.rpartition(".")
+    role = role_of(module) or "norm"
+    if leaf == "bias":
+        return 0 if role == "colwise" else None
+    return SHARDED_DIM[role]
 
 
 def chunk_rows(d: int, parts: int, index: int) -> int:
@@ -109,7 +142,7 @@ def local_param_numel(cfg, tp: int, tp_rank: int = 0) -> int:
     """Elements of the parameters one tp rank holds under this plan (dense model)."""
     total = 0
     for name, shape in param_shapes(cfg).items():
-        dim = SHARDED_DIM[role_of(name.rsplit(".", 1)[0]) or "norm"]
+        dim = sharded_dim(name)
         n = math.prod(shape)
         total += n if dim is None else n // shape[dim] * chunk_rows(shape[dim], tp, tp_rank)
     return total
@@ -144,7 +177,7 @@ def parallel_styles(module_names, sequence_parallel: bool, loss_parallel: bool) 
         role = role_of(name)
         if role is None or (role in sp_only and not sp):
             continue
-        if role == "gather_input" and name.endswith(".mlp") and f"{name}.fc1" not in names:
+        if role == "gather_input" and name.endswith(".mlp") and not {f"{name}.fc1", f"{name}.gate"} & names:
             raise ValueError(f"{name} is not a dense MLP (MoE?): the tensor-parallel plan with sequence "
                              f"parallel covers dense MLPs only")
         out[name] = styles[role]()

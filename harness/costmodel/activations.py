@@ -25,6 +25,15 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
   saves the gathered input; Megatron re-gathers it in backward, brigade does not).
   Eager attention adds the softmax output a*s^2*b (fp32 under autocast, plus the 2-byte cast the
   AV matmul saves) and o's input copy; dropout > 0 adds masks (1 byte) and dropout outputs.
+  Llama options (measured tensor by tensor with saved_tensors_hooks on one llama_tiny block, fp32):
+    GQA: SDPA (enable_gqa) saves the unexpanded k, v: q, k, v = e*E*(1 + 2*kv/h)/t.
+    SwiGLU: gate output (silu's input), silu output, up output, their product (down's input):
+      4*e*F/t instead of GELU's 2; under autocast the gate and up matmuls cast the input once each.
+    RMSNorm (torch 2.13 on CPU is composite): input r*E, the normalised x*rstd r*E (the weight's
+      grad needs it) and rstd 4*b*s, against LayerNorm's input and mean, rstd.
+    RoPE: cos and sin (s, head_dim) in e bytes for q and for k: 4*s*hd*e per micro-batch, not per
+      sequence; charged per sequence here (the planner scales every term with the micro-batch),
+      which overcounts it by b for b > 1, at most 4*s*hd*e*(b-1) bytes per layer (tiny beside E).
   Selective recompute (checkpointed attention core) drops the core's internals (scores, logsumexp);
   full recompute keeps each block's input (r*E, /t under SP) plus one block's activations while
   it is recomputed.
@@ -39,6 +48,7 @@ Micro-batches in flight per pipeline rank (what multiplies one micro-batch's act
 from __future__ import annotations
 
 from harness import catalog
+from harness.costmodel.params import kv_dim, option
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -54,7 +64,8 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool
 
 def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: bool, precision: str,
                         attention: str, dropout: float, recompute: str, top_k: int = 1, n_experts: int = 0,
-                        autocast: bool = True) -> float:
+                        autocast: bool = True, kv: int | None = None, mlp: str = "gelu", norm: str = "layernorm",
+                        rope: bool = False) -> float:
     """Bytes one block of models/gpt.py keeps for backward, one micro-batch (see module docstring).
     autocast=False: the engine casts the parameters instead (FSDP2 MixedPrecisionPolicy, DeepSpeed
     bf16/fp16), so the residual stream and LayerNorms run in the low precision and no per-matmul
@@ -66,10 +77,18 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     if recompute == "full":
         return r * E / rep
     k = top_k if n_experts else 1
-    ln = 2 * (r * E + 8 * b * s) / rep  # ln1, ln2 inputs + mean/rstd
-    # inputs of the q/k/v and fc1 matmuls: one fp32 tensor each, or one 2-byte cast per matmul
-    mm_in = (r * E + r * E * k) if (e == 4 or not autocast) else (3 * e * E + e * E * k)
-    qkv_out = 3 * e * E / t
+    kv = h if kv is None else kv
+    swiglu = mlp == "swiglu"
+    if norm == "rmsnorm":
+        ln = 2 * (2 * r * E + 4 * b * s) / rep  # ln1, ln2: input, x*rstd, rstd
+    else:
+        ln = 2 * (r * E + 8 * b * s) / rep  # ln1, ln2 inputs + mean/rstd
+    # inputs of the q/k/v and fc1 (gate, up) matmuls: one fp32 tensor each, or one 2-byte cast per matmul
+    mlp_in = 2 if swiglu else 1
+    mm_in = (r * E + r * E * k) if (e == 4 or not autocast) else (3 * e * E + mlp_in * e * E * k)
+    qkv_out = e * E * (1 + 2 * kv / h) / t
+    if rope:
+        qkv_out += 4 * s * (h // a) * e
     core_out = e * E / t
     core = 0.0
     if recompute != "selective":
@@ -83,7 +102,7 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
                 core += scores * (1 + e)  # mask + dropout output
     if attention == "eager":
         core_out += e * E / t  # transpose + reshape copies the AV output: o saves the copy
-    mlp = 2 * e * F * k / t  # GELU input, fc2 input
+    mlp = (4 if swiglu else 2) * e * F * k / t  # GELU input, fc2 input (SwiGLU: gate, silu, up, product)
     router = (4 * b * s * n_experts + 8 * b * s * k) if n_experts else 0  # router logits + routing indices
     masks = 2 * E / rep if dropout > 0 else 0  # after o and after fc2
     return ln + mm_in + qkv_out + core_out + core + mlp + router + masks
@@ -95,7 +114,8 @@ def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str, aut
     if m.dropout > 0 and m.attention == "eager" and not m.n_experts:
         return korthikanti_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, t, sp, recompute)
     return brigade_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, m.d_ff, t, sp, precision, m.attention,
-                               m.dropout, recompute, m.top_k, m.n_experts, autocast)
+                               m.dropout, recompute, m.top_k, m.n_experts, autocast, kv_dim(m), option(m, "mlp"),
+                               option(m, "norm"), option(m, "position") == "rope")
 
 
 def head_bytes(s: int, b: int, h: int, V: int, t: int, head_sharded: bool) -> float:

@@ -4,13 +4,20 @@ Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clu
     F = 72 * B * s * L * h^2 * (1 + s/(6h) + V/(12*L*h))      (GELU MLP with d_ff = 4h, no recompute)
 Convention: matmul FLOPs only (2 per multiply-add), full (not causally halved) attention
 QK^T and AV, the logit layer counted, embeddings' lookups not counted, backward = 2x forward.
-Generalised here to any d_ff and to MoE (top_k experts active per token). Per layer, forward:
-    projections q,k,v,o  : 8 * B*s * h^2
-    attention QK^T, AV   : 4 * B * s^2 * h
-    MLP fc1, fc2         : 4 * B*s * h * d_ff * (top_k if MoE else 1)   (+ router 2*B*s*h*E)
-and the head 2 * B*s * h * V. With d_ff = 4h this is exactly Megatron's formula (checked in tests).
+Generalised here to any d_ff, to MoE (top_k experts active per token) and to the Llama options.
+Per layer, forward, with kv = n_kv_heads * head_dim (= h without grouped-query attention):
+    projections q, o     : 4 * B*s * h^2
+    projections k, v     : 4 * B*s * h * kv          (GQA: smaller k/v; q heads still attend over s)
+    attention QK^T, AV   : 4 * B * s^2 * h           (per query head; GQA shares k/v, not the work)
+    MLP                  : 2 * n_mlp * B*s * h * d_ff * (top_k if MoE else 1)   (+ router 2*B*s*h*E)
+                           n_mlp = 2 (GELU: fc1, fc2) or 3 (SwiGLU: gate, up, down)
+and the head 2 * B*s * h * V (tied or not). Not counted: element-wise work (norms, RoPE's rotation,
+SiLU/GELU and the SwiGLU product, softmax), biases, embedding lookups. With d_ff = 4h, GELU and no
+GQA this is exactly Megatron's formula (checked in tests).
 """
 from __future__ import annotations
+
+from harness.costmodel.params import MLP_MATRICES, kv_dim, option
 
 
 def layer_forward_flops_per_token(model) -> float:
@@ -18,7 +25,8 @@ def layer_forward_flops_per_token(model) -> float:
     h, s = model.d_model, model.seq_len
     active = model.top_k if model.n_experts else 1
     router = 2 * h * model.n_experts if model.n_experts else 0
-    return 8 * h * h + 4 * s * h + 4 * h * model.d_ff * active + router
+    n_mlp = len(MLP_MATRICES[option(model, "mlp")])
+    return 4 * h * h + 4 * h * kv_dim(model) + 4 * s * h + 2 * n_mlp * h * model.d_ff * active + router
 
 
 def attention_core_flops_per_token(model) -> float:

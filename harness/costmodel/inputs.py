@@ -8,7 +8,7 @@ from harness.costmodel.compute import GemmCurve
 from harness.costmodel import memory as mem
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token)
-from harness.costmodel.params import params_total
+from harness.costmodel.params import model_shape, params_total
 
 
 class Model:
@@ -24,7 +24,7 @@ class Model:
         self.L, self.h, self.a, self.d_ff, self.V, self.s = (m.n_layers, m.d_model, m.n_heads, m.d_ff,
                                                              m.vocab_size, m.seq_len)
         self.E, self.k = m.n_experts, m.top_k
-        self.shape = (self.L, self.h, self.a, self.d_ff, self.V, self.s, self.E, self.k)
+        self.shape = model_shape(m)
         self.params_total = params_total(m)
         self.layer_flops = layer_forward_flops_per_token(m)
         self.core_flops = attention_core_flops_per_token(m)

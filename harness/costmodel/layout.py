@@ -19,7 +19,7 @@ from harness.costmodel.dp_comm import dp_collectives
 from harness.costmodel import memory as mem
 from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
-from harness.costmodel.params import block_tensors, numel, rank_inventory
+from harness.costmodel.params import block_numel, block_tensors, numel, rank_inventory
 
 CHECKPOINTING = ("none", "selective", "full")
 
@@ -178,10 +178,10 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     rate = (hw.rate.get(catalog.PEAK_KEY[precision]) or hw.rate["fp32"]) / pl.slowdown
     # AdamW state is 8 B per element it updates: the rank with the most optimizer state steps longest
     opt_traffic = traffic.optimizer_bytes(max(r.optimizer_bytes for r in ranks) / 8, weight_decay)
-    fsdp_block = pt.unsharded_elem_bytes * (4 * md.h * md.h + 2 * md.h * md.d_ff) / tp
+    fsdp_block = pt.unsharded_elem_bytes * block_numel(md.shape, tp)
     links = axis_links(md, hw, st, pl, ranks)
     lo = Layout(md, hw, st, precision, catalog.PEAK_KEY[precision], pl, ranks, pt, links, [], rate,
                 hw.mem_bw / pl.slowdown if hw.mem_bw else 0.0, hw.device != "cpu", psi_rank,
                 mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision), opt_traffic, psi_rank, fsdp_block)
-    lo.dp_collectives = dp_collectives(lo, block_tensors(md.h, md.d_ff, md.E, tp, ep))
+    lo.dp_collectives = dp_collectives(lo, block_tensors(md.shape, tp, ep))
     return lo

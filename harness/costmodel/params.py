@@ -1,9 +1,13 @@
 """Parameter inventory of models/gpt.py and where each tensor lives after TP, PP and EP.
 
-The model (models/gpt.py): token embedding (V, h) and learned position embedding (s, h); per block
-ln1 (weight h, bias h), q, k, v, o (h, h each, no bias), ln2 (h, h), MLP fc1 (d_ff, h), fc2 (h, d_ff)
-(or, with experts, a router (E, h) and E expert MLPs); final ln_f (h, h); untied head (V, h).
-Shapes are nn.Linear weights, (out, in). Per block 4h^2 + 2h*d_ff + 4h parameters (dense).
+The model (models/gpt.py): token embedding (V, h) and, with position=learned, a position table
+(s, h); per block ln1, q (h, h), k and v (kv, h) with kv = n_kv_heads * h / n_heads (GQA), o (h, h),
+ln2, the MLP: gelu fc1 (d_ff, h), fc2 (h, d_ff) or swiglu gate, up (d_ff, h), down (h, d_ff) (or,
+with experts, a router (E, h) and E expert MLPs); final ln_f; the head (V, h) unless tied to the
+embedding. Norms: layernorm weight + bias (h each), rmsnorm weight only. With model.bias every
+attention/MLP linear has a bias of its output size. Shapes are nn.Linear weights, (out, in).
+Per dense block: 2h^2 + 2h*kv + n_mlp*h*d_ff (+ biases) + 2 norms (n_mlp = 2 gelu, 3 swiglu).
+models/tp_plan.py:param_shapes lists the same tensors by name (tests check they agree).
 
 Placement (the numbers the strategies hold, so memory predictions match measured bytes):
   - tensor parallel (Megatron, Shoeybi et al. 2019): q, k, v, fc1 column-parallel (dim 0 split by
@@ -28,11 +32,15 @@ from functools import lru_cache
 from harness import catalog
 from models.tp_plan import SHARDED_DIM, role_of
 
+ROW_PARALLEL = ("o", "fc2", "down")  # their bias is replicated; a column-parallel bias is split
+MLP_MATRICES = {"gelu": (("fc1", 0), ("fc2", 1)), "swiglu": (("gate", 0), ("up", 0), ("down", 1))}  # (name, in = d_ff dim)
+
 # tensor -> dimension split by tp (None: replicated), read once from models/tp_plan.py's PLAN so the
 # planner's inner loop needs no name matching.
 _MODULE_OF = {"tok_emb": "tok_emb", "pos_emb": "pos_emb", "ln": "blocks.0.ln1", "q": "blocks.0.attn.q",
               "k": "blocks.0.attn.k", "v": "blocks.0.attn.v", "o": "blocks.0.attn.o", "fc1": "blocks.0.mlp.fc1",
-              "fc2": "blocks.0.mlp.fc2", "router": "blocks.0.mlp.router", "head": "head"}
+              "fc2": "blocks.0.mlp.fc2", "gate": "blocks.0.mlp.gate", "up": "blocks.0.mlp.up",
+              "down": "blocks.0.mlp.down", "router": "blocks.0.mlp.router", "head": "head"}
 TP_SHARD = {name: SHARDED_DIM.get(role_of(module)) for name, module in _MODULE_OF.items()}
 
 
@@ -48,39 +56,81 @@ def _local(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, int]:
     return dims[0], rest
 
 
-def block_tensors(h: int, d_ff: int, n_experts: int, tp: int, ep: int) -> list[tuple[int, int, int, str]]:
+def option(m, name: str):
+    """A Llama-family option of a model config; the schema's default where an object lacks it."""
+    from harness.config import ModelConfig
+
+    return getattr(m, name, ModelConfig.__dataclass_fields__[name].default)
+
+
+def kv_dim(m) -> int:
+    """Output features of k (and of v): n_kv_heads * head_dim (= d_model without GQA)."""
+    return (option(m, "n_kv_heads") or m.n_heads) * (m.d_model // m.n_heads)
+
+
+def model_shape(m) -> tuple:
+    """A model config reduced to a hashable tuple (the key of rank_inventory's cache):
+    (L, h, n_heads, d_ff, V, s, E, top_k, kv, mlp, norm, position, tie_embeddings, bias)."""
+    return (m.n_layers, m.d_model, m.n_heads, m.d_ff, m.vocab_size, m.seq_len, m.n_experts, m.top_k, kv_dim(m),
+            option(m, "mlp"), option(m, "norm"), option(m, "position"), bool(option(m, "tie_embeddings")),
+            bool(option(m, "bias")))
+
+
+def _linear(name: str, out_in: tuple[int, int], tp: int, bias: bool, kind: str = "dense", count: int = 1) -> list:
+    out = [(count, *_local(name, out_in, tp), kind)]
+    if bias:  # column-parallel: split with the outputs; row-parallel: replicated
+        out.append((count, -(-out_in[0] // tp) if name not in ROW_PARALLEL else out_in[0], 1, kind))
+    return out
+
+
+def _norms(norm: str, h: int, count: int) -> list:
+    return [(count * (2 if norm == "layernorm" else 1), h, 1, "dense")]  # weight (+ bias), replicated
+
+
+def block_tensors(shape: tuple, tp: int, ep: int) -> list[tuple[int, int, int, str]]:
     """One block's local tensors, in named_parameters() order: (count, dim0, rest, kind)."""
-    out = [(2, *_local("ln", (h,), tp), "dense")]  # ln1.weight, ln1.bias
-    out += [(1, *_local(n, (h, h), tp), "dense") for n in ("q", "k", "v", "o")]
-    out += [(2, *_local("ln", (h,), tp), "dense")]  # ln2
+    _, h, _, d_ff, _, _, n_experts, _, kv, mlp, norm, _, _, bias = shape
+    out = _norms(norm, h, 1)  # ln1
+    for n, out_in in (("q", (h, h)), ("k", (kv, h)), ("v", (kv, h)), ("o", (h, h))):
+        out += _linear(n, out_in, tp, bias)
+    out += _norms(norm, h, 1)  # ln2
+    experts = n_experts // ep if n_experts else 1
+    kind = "expert" if n_experts else "dense"
     if n_experts:
         out += [(1, *_local("router", (n_experts, h), tp), "dense")]
-        local_experts = n_experts // ep
-        # experts are whole on every tp rank: models/tp_plan.py plans mlp.fc1 / mlp.fc2 of dense MLPs
-        # only, a MoE MLP runs replicated on the tp group's (replicated) activations (strategies/moe3d.py)
-        out += [(local_experts, *_local("fc1", (d_ff, h), 1), "expert"),
-                (local_experts, *_local("fc2", (h, d_ff), 1), "expert")]
-    else:
-        out += [(1, *_local("fc1", (d_ff, h), tp), "dense"), (1, *_local("fc2", (h, d_ff), tp), "dense")]
+    # experts are whole on every tp rank: models/tp_plan.py plans the MLPs of dense blocks only, a MoE
+    # MLP runs replicated on the tp group's (replicated) activations (strategies/moe3d.py)
+    mlp_tp = 1 if n_experts else tp
+    for n, d_ff_in in MLP_MATRICES[mlp]:
+        out += _linear(n, (h, d_ff) if d_ff_in else (d_ff, h), mlp_tp, bias, kind, experts)
     return out
+
+
+def block_numel(shape: tuple, tp: int = 1) -> int:
+    """Parameters of one block on one tp rank, a MoE block counted as its dense twin (one MLP)."""
+    return numel(block_tensors(shape[:6] + (0,) + shape[7:], tp, 1))
 
 
 @lru_cache(maxsize=4096)
 def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: str, pp_rank: int) -> tuple:
     """Local parameter groups of one pp rank (the same on every tp and dp rank of that stage).
 
-    shape = (n_layers, h, n_heads, d_ff, V, s, n_experts, top_k)."""
-    L, h, _, d_ff, V, s, E, _ = shape
+    shape = model_shape(model config)."""
+    L, h, _, d_ff, V, s, E, _, _, _, norm, position, tie, _ = shape
     n_stages = pp * vpp
     per_stage = L // n_stages
     groups: list = []
     stages = catalog.stages_of_rank(schedule, pp_rank, pp, vpp)
     n_blocks = per_stage * len(stages)
     if 0 in stages:
-        groups += [(1, *_local("tok_emb", (V, h), tp), "dense"), (1, *_local("pos_emb", (s, h), tp), "dense")]
-    groups += [(c * n_blocks, d0, r, kind) for c, d0, r, kind in block_tensors(h, d_ff, E, tp, ep)]
+        groups += [(1, *_local("tok_emb", (V, h), tp), "dense")]
+        if position == "learned":
+            groups += [(1, *_local("pos_emb", (s, h), tp), "dense")]
+    groups += [(c * n_blocks, d0, r, kind) for c, d0, r, kind in block_tensors(shape, tp, ep)]
     if n_stages - 1 in stages:
-        groups += [(2, *_local("ln", (h,), tp), "dense"), (1, *_local("head", (V, h), tp), "dense")]
+        groups += _norms(norm, h, 1)
+        if not tie:  # a tied head is the embedding's tensor (one stage only: validation)
+            groups += [(1, *_local("head", (V, h), tp), "dense")]
     merged: dict = {}  # equal shapes merged: every sharding rule here depends on shapes only
     for c, d0, r, kind in groups:
         merged[(d0, r, kind)] = merged.get((d0, r, kind), 0) + c
@@ -96,15 +146,15 @@ def n_tensors(groups) -> int:
 
 
 def params_total(m) -> int:
-    """Parameters of the whole model (untied head, position table of seq_len rows)."""
-    h, d_ff, L, V, s, E = m.d_model, m.d_ff, m.n_layers, m.vocab_size, m.seq_len, m.n_experts
-    mlp = (E * 2 * h * d_ff + E * h) if E else 2 * h * d_ff
-    return L * (4 * h * h + mlp + 4 * h) + V * h + s * h + 2 * h + V * h
+    """Parameters of the whole model (one pp rank holding every stage, tp 1, ep 1)."""
+    return numel(rank_inventory(model_shape(m), 1, 1, 1, 1, "1f1b", 0))
 
 
 def params_active(m) -> int:
     """Parameters a token passes through (MoE: top_k of the experts), for 6*N*tokens-style checks."""
     if not m.n_experts:
         return params_total(m)
-    h, d_ff = m.d_model, m.d_ff
-    return params_total(m) - m.n_layers * (m.n_experts - m.top_k) * 2 * h * d_ff
+    mlp, bias = option(m, "mlp"), option(m, "bias")
+    per_expert = len(MLP_MATRICES[mlp]) * m.d_model * m.d_ff + (m.d_ff * (len(MLP_MATRICES[mlp]) - 1) + m.d_model
+                                                                 if bias else 0)
+    return params_total(m) - m.n_layers * (m.n_experts - m.top_k) * per_expert

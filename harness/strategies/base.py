@@ -42,8 +42,18 @@ class Strategy:
 
     # -- building ----------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module) -> None:
-        self.model = model.to(self.device)
+        self.model = self.materialize(model)
         self.optimizer = self.make_optimizer(self.model.parameters())
+
+    def materialize(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The model arrives on the meta device (nothing allocated). Every strategy calls this once per
+        module, after its sharding (TP, FSDP, pipeline split, expert placement) and before any wrapper
+        that needs real tensors (DDP): it allocates this rank's local shards on the device and
+        initialises them so the full weights equal `single`'s (models/init.py). In a dry run
+        (launch/dryrun.py) the same call runs under FakeTensorMode and allocates nothing."""
+        from models.init import materialize
+
+        return materialize(module, self.device, self.run.workload.seed)
 
     def make_optimizer(self, params, foreach: bool | None = None) -> torch.optim.Optimizer:
         w = self.run.workload

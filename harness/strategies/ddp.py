@@ -22,7 +22,7 @@ from harness.strategies.base import Strategy
 class DDPStrategy(Strategy):
     def setup(self, model):
         s = self.run.strategy
-        model = model.to(self.device)
+        model = self.materialize(model)
         dp_group = self.mesh["dp"].get_group()
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.model = DDP(model, device_ids=device_ids, process_group=dp_group, bucket_cap_mb=s.bucket_cap_mb)

@@ -74,7 +74,6 @@ class ExpertParallel(Strategy):
         if not layers:
             raise ConfigError(f"strategy ep needs a MoE model (model.n_experts > 0, e.g. model=moe_tiny); "
                               f"model {self.run.model.name} has n_experts={self.run.model.n_experts}")
-        self.model = model.to(self.device)
         n_experts = self.run.model.n_experts
         if dims.ep > 1:
             ep_rank = mesh["ep"].get_local_rank()
@@ -86,6 +85,7 @@ class ExpertParallel(Strategy):
             self.expert_group = mesh["dp_rep"].get_group() if dims.dp // dims.ep > 1 else None
         else:  # ep 1: every rank holds every expert, replicated over the whole dp axis
             self.expert_group = mesh["dp"].get_group() if dims.dp > 1 else None
+        self.model = self.materialize(model)  # after keep_experts: only this rank's experts are allocated
         self.dp_group = mesh["dp"].get_group() if dims.dp > 1 else None
         named = list(self.model.named_parameters())
         self.expert_params = [p for n, p in named if ".experts." in n]

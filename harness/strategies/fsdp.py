@@ -93,7 +93,7 @@ def accumulation_context(model, last: bool, mode: str = "unsharded"):
 
 class FSDP(Strategy):
     def setup(self, model):
-        self.model = apply_fsdp(model.to(self.device), fsdp_mesh(self.mesh, self.dims), self.run)
+        self.model = self.materialize(apply_fsdp(model, fsdp_mesh(self.mesh, self.dims), self.run))  # shard on meta, then allocate
         self.optimizer = self.make_optimizer(self.model.parameters())  # every param is a DTensor: foreach works
 
     def autocast(self):

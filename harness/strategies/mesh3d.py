@@ -43,7 +43,7 @@ from harness.strategies.distributed_optimizer import DistributedOptimizer
 from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
 from harness.strategies.moe3d import MoEStages
 from harness.strategies.pp import PipelineStrategy
-from harness.strategies.tp import apply_tensor_parallel, loss_parallel_context
+from harness.strategies.tp import apply_tensor_parallel, loss_parallel_context, register_grad_hooks
 
 
 class ShardedAccumulationStage(PipelineStage):
@@ -90,17 +90,20 @@ class Mesh3D(PipelineStrategy):
 
     def parallelize_stage(self, module):
         run, mesh = self.run, self.mesh
-        module = module.to(self.device)
         if self.moe is not None:
             self.moe.prepare(module)  # 0. experts over ep (before TP: the plan leaves MoE MLPs replicated)
-        module = apply_tensor_parallel(module, mesh["tp"], run)  # 1. TP
+        module = apply_tensor_parallel(module, mesh["tp"], run)  # 1. TP (on meta)
         if self.dims.cp > 1:  # 1b. CP
             module = apply_context_parallel(module, self.cp_group, run, self.dims, self.cp_rank, self.device)
         module.set_activation_checkpointing(run.workload.activation_checkpointing)  # 2. AC
-        if self.data_parallel > 1 and run.strategy.dp_shard != "zero1" and self.moe is None:  # 3. data parallel
-            if run.strategy.dp_shard == "fsdp":
-                module = apply_fsdp(module, fsdp_mesh(mesh, self.dims), run)
-            else:
+        wrap = self.data_parallel > 1 and run.strategy.dp_shard != "zero1" and self.moe is None
+        fsdp = wrap and run.strategy.dp_shard == "fsdp"
+        if fsdp:  # 3. data parallel, sharded (on meta)
+            module = apply_fsdp(module, fsdp_mesh(mesh, self.dims), run)
+        module = self.materialize(module)  # this rank's shards only
+        register_grad_hooks(module)
+        if wrap:  # 3. data parallel, replicated: DDP needs the real tensors
+            if not fsdp:
                 device_ids = [self.device.index] if self.device.type == "cuda" else None
                 module = DDP(module, device_ids=device_ids, process_group=self.data_group(),
                              bucket_cap_mb=run.strategy.bucket_cap_mb)

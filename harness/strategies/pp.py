@@ -59,7 +59,7 @@ class PipelineStrategy(Strategy):
     # -- building ----------------------------------------------------------------------------
     def parallelize_stage(self, module: torch.nn.Module) -> torch.nn.Module:
         """What happens to one stage's module before it becomes a PipelineStage (3D: TP, AC, FSDP/DDP)."""
-        return module.to(self.device)
+        return self.materialize(module)
 
     def step_context(self):
         """Context around one schedule.step() (3D with loss-parallel TP: torch's loss_parallel)."""

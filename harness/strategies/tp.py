@@ -24,20 +24,28 @@ from models.tp_plan import parallel_styles
 
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Module:
-    """Shard `model` (already on its device) over the 1-D `tp_mesh` following models/tp_plan.py.
+    """Shard `model` (on meta, or on its device) over the 1-D `tp_mesh` following models/tp_plan.py.
     A no-op at tp=1, so 3D compositions call it unconditionally. Apply before activation
-    checkpointing wrappers and before FSDP/DDP on the dp axis."""
+    checkpointing wrappers and before FSDP/DDP on the dp axis; call `register_grad_hooks` once the
+    parameters are materialised (materialising replaces the Parameter objects)."""
     if tp_mesh.size() == 1:
         return model
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from models.init import retie, tied_names
+
+    ties = tied_names(model)  # tie_embeddings: tok_emb and head are both Shard(0) on the vocabulary
     names = [name for name, _ in model.named_modules() if name]
     plan = parallel_styles(names, run.strategy.sequence_parallel, run.strategy.loss_parallel)
     model = parallelize_module(model, tp_mesh, plan)
+    retie(model, ties)
+    return model
+
+
+def register_grad_hooks(model: torch.nn.Module) -> None:
     for p in model.parameters():
         if hasattr(p, "placements"):
             p.register_hook(_grad_like_param(p))
-    return model
 
 
 def _grad_like_param(param):
@@ -71,7 +79,8 @@ def plain_loss(loss: torch.Tensor) -> torch.Tensor:
 class TensorParallel(Strategy):
     def setup(self, model):
         self.tp_mesh = self.mesh["tp"]
-        self.model = apply_tensor_parallel(model.to(self.device), self.tp_mesh, self.run)
+        self.model = self.materialize(apply_tensor_parallel(model, self.tp_mesh, self.run))
+        register_grad_hooks(self.model)
         self.optimizer = self.make_optimizer(self.model.parameters(), foreach=False)
 
     def forward_loss(self, inputs, targets):

@@ -111,7 +111,7 @@ def _run(run_dir: Path, rank: int) -> None:
     assert dist.get_world_size() == dims.world_size, (dist.get_world_size(), dims.world_size)
     mesh = dims.build_mesh(device.type)
 
-    model = build_model(run.model, run.workload.seed)
+    model = build_model(run.model, device="meta")  # the strategy shards it, then materialises its shards
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
     strategy = strategies.load(run, dims)(run, dims, mesh, device, run_dir)
     strategy.setup(model)

@@ -64,7 +64,7 @@ class DeepSpeedStrategy(Strategy):
         self.config = ds_config.build(self.run, self.dims.dp, self.num_microbatches)
         if self.run_dir is not None:
             ds_config.write(self.config, self.run_dir)
-        model = self.build_module(model.to(self.device))
+        model = self.build_module(self.materialize(model))  # no deepspeed.zero.Init: see materialize
         self.client_optimizer = self.make_client_optimizer(self.optimizer_groups(model))
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.client_optimizer, config=self.config)
         self.model = self.engine  # forward_loss calls self.model(inputs); aux losses via .module

@@ -1,0 +1,62 @@
+"""Run a function in a fresh child process and return its result (or raise its error here).
+
+Why a process per simulated rank: torch keeps per-process state keyed on meshes and groups that
+compare equal across ranks (FSDP2's sharding specs end up holding the first rank's DeviceMesh when
+one process re-initialises the fake process group as another rank: torch 2.13, checked here), so
+simulating several ranks one after another in one process gives every rank rank 0's shards.
+
+Why multiprocessing's "forkserver" and not a plain fork: a process that has run a torch op uses
+OpenMP's thread pool, and a child forked from it hangs in its first parallel region (seen here: a
+forked rank waited on a futex forever). The fork server is a process that has imported torch and
+brigade but computed nothing; each child is forked from it (no second `import torch`), so starting
+one costs milliseconds. It talks to this process over a Unix-domain socket pair (no network).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+
+
+def _child(conn, fn, args):
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as e:  # noqa: BLE001 - sent to the parent, which re-raises
+        conn.send(("error", (type(e).__name__, str(e), traceback.format_exc())))
+    finally:
+        conn.close()
+
+
+class ChildError(RuntimeError):
+    def __init__(self, kind: str, message: str, tb: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message, self.child_traceback = kind, message, tb
+
+
+PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.pipelining",
+           "harness.strategies.base", "models.gpt", "launch.fork"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def run_forked(fn, *args):
+    """fn(*args) (fn importable by name) in a child forked from the fork server; its result, or
+    ChildError with the child's traceback. Return plain data (numbers, lists, numpy arrays): torch
+    pickles tensors as shared-memory handles that die with the child."""
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, fn, args))
+    proc.start()
+    child.close()
+    try:
+        status, payload = parent.recv()  # before join: a large result would block the child's send
+    except EOFError:
+        proc.join()
+        raise ChildError("ChildDied", f"the forked process exited with code {proc.exitcode} before answering", "")
+    proc.join()
+    if status == "error":
+        raise ChildError(*payload)
+    return payload

@@ -147,7 +147,7 @@ def n_tensors(groups) -> int:
 
 def params_total(m) -> int:
     """Parameters of the whole model (one pp rank holding every stage, tp 1, ep 1)."""
-    return numel(rank_inventory(model_shape(m), 1, 1, 1, 1, "1f1b", 0))
+    return numel(rank_inventory(model_shape(m), 1, 1, 1, 1, catalog.DEFAULT_SCHEDULE, 0))
 
 
 def params_active(m) -> int:

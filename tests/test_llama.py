@@ -12,7 +12,7 @@ import torch
 from harness.costmodel.flops import layer_forward_flops_per_token
 from harness.costmodel.params import model_shape, numel, params_total, rank_inventory
 from harness.dims import ConfigError
-from harness.predict import compose_run
+from harness.config import compose_run
 from harness.validate import MODEL_OPTIONS, validate
 
 # Parameter counts of the released checkpoints (sum of the tensors in their safetensors index)
@@ -123,7 +123,7 @@ def _rank_shards(run, rank: int) -> list[tuple[str, tuple, torch.Tensor]]:
 
     dims = validate(run)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
-    s = strategies.load(run.strategy)(run, dims, dims.build_mesh("cpu"), torch.device("cpu"))
+    s = strategies.load(run, dims)(run, dims, dims.build_mesh("cpu"), torch.device("cpu"))
     s.setup(build_model(run.model, device="meta"))
     out = []
     for name, p in s.model.named_parameters():

@@ -138,7 +138,7 @@ class HardwareConfig:
 
 @dataclass
 class LauncherConfig:
-    name: str = "local"  # local | slurm
+    name: str = "local"  # local | slurm | dryrun (fake process group, launch/dryrun.py)
     nodes: int = 1
     nproc_per_node: int = 0  # ranks per node; 0 = world size / nodes (world size = dp * tp * pp)
     timeout_s: float = 900.0  # wall-clock limit per run; the process group is killed at expiry
@@ -150,6 +150,8 @@ class LauncherConfig:
     time_min: int = 30
     array_parallelism: int = 16
     additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # Dry run (launcher=dryrun): global ranks to simulate; [] = the first rank of every pipeline stage
+    ranks: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -42,7 +42,7 @@ def _context():
     return ctx
 
 
-def run_forked(fn, *args):
+def run_forked(fn, *args, timeout_s: float | None = None):
     """fn(*args) (fn importable by name) in a child forked from the fork server; its result, or
     ChildError with the child's traceback. Return plain data (numbers, lists, numpy arrays): torch
     pickles tensors as shared-memory handles that die with the child."""
@@ -52,6 +52,10 @@ def run_forked(fn, *args):
     proc.start()
     child.close()
     try:
+        if not parent.poll(timeout_s):
+            proc.kill()
+            proc.join()
+            raise TimeoutError(f"the child did not answer within {timeout_s:.0f} s")
         status, payload = parent.recv()  # before join: a large result would block the child's send
     except EOFError:
         proc.join()

@@ -106,8 +106,11 @@ def init_parameters(module: nn.Module, seed: int, n_layers: int) -> None:
 def materialize(module: nn.Module, device, seed: int) -> nn.Module:
     """Allocate `module`'s local shards on `device` (it was built and sharded on meta) and initialise
     them. Call after tensor parallel / FSDP / the pipeline split and before DDP wraps the module."""
+    from torch._subclasses.fake_tensor import is_fake
+
     ties = tied_names(module)
     module.to_empty(device=device)
     retie(module, ties)
-    init_parameters(module, seed, module.cfg.n_layers)
+    if not any(is_fake(p) for p in module.parameters()):  # a dry run's fake tensors hold no values
+        init_parameters(module, seed, module.cfg.n_layers)
     return module

@@ -15,6 +15,10 @@ MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes",
 
 
 def aggregate(run, dims, measurement: dict) -> dict:
+    if measurement.get("kind") == "dryrun":  # launcher=dryrun: memory only, no step was timed
+        from harness.collect.dryrun import aggregate_dryrun
+
+        return aggregate_dryrun(run, dims, measurement)
     ranks = sorted(measurement["ranks"], key=lambda r: r["rank"])
     steps = [max(ts) for ts in zip(*(r["step_times"] for r in ranks))]
     out = stats.step_stats(steps)

@@ -30,7 +30,8 @@ def tensor_bytes(tensors) -> int:
         t = local_tensor(t)
         if t is None or t.device.type == "meta":
             continue
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        # the StorageImpl, not data_ptr: fake tensors (launcher=dryrun) have no data pointer
+        key = (t.device, t.untyped_storage()._cdata, t.storage_offset(), t.numel())
         if key in seen:
             continue
         seen.add(key)

@@ -1,0 +1,28 @@
+"""A dry run's measurement (launch/dryrun.py) -> the record's `measured` object. Pure.
+
+Only memory exists in a dry run: per simulated rank the exact local bytes of params, grads and
+optimizer state (fake tensors of the real local shapes) and the peak of tensor memory in one training
+step under torch's memory tracker. Figures are max over the simulated ranks, plus per-rank lists in
+the order of `dryrun_ranks` (the global ranks simulated; not every rank of the world).
+"""
+from __future__ import annotations
+
+KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes")
+
+
+def aggregate_dryrun(run, dims, measurement: dict) -> dict:
+    ranks = sorted(measurement["ranks"], key=lambda r: r["rank"])
+    out: dict = {"kind": "dryrun", "dryrun_ranks": [r["rank"] for r in ranks],
+                 "dryrun_rank_wall_s": [r["wall_s"] for r in ranks], "world_size": dims.world_size,
+                 "num_microbatches": measurement["num_microbatches"], "peak_mem_kind": None}
+    for key in KEYS:
+        per_rank = [r["memory"].get(key) for r in ranks]
+        if any(v is not None for v in per_rank):
+            out[key] = max(v for v in per_rank if v is not None)
+            out[f"{key}_per_rank"] = per_rank
+    kinds = {r["memory"].get("peak_mem_kind") for r in ranks} - {None}
+    out["peak_mem_kind"] = kinds.pop() if len(kinds) == 1 else None
+    errors = {r["rank"]: r["measured"]["dryrun_step_error"] for r in ranks if "dryrun_step_error" in r.get("measured", {})}
+    if errors:  # the step could not run on fake tensors there: states counted, no peak
+        out["dryrun_step_error"] = errors
+    return out

@@ -1,0 +1,132 @@
+"""launcher=dryrun: the real worker code path at any world size, on torch's fake process group.
+
+For each selected rank (default: the first rank of every pipeline-rank group, i.e. pp_rank * dp*tp;
+`launcher.ranks=[...]` to choose), a child forked from one fork server (launch/fork.py; never more
+children than selected ranks, one at a time) does what harness/worker/main.py does:
+
+    init_process_group("fake", FakeStore(), rank, world_size)   no socket, collectives are no-ops
+    dims.build_mesh("cpu")                                      the real (pp, dp, tp) DeviceMesh
+    build_model(device="meta") -> strategy.setup(model)         the same parallelize code, TP/FSDP/
+                                                                pipeline split on meta, then the
+                                                                strategy's materialize()
+under FakeTensorMode, so materialising allocates nothing: every parameter, gradient and optimizer
+tensor is a fake tensor with this rank's exact local shape and dtype. Then one training step of the
+real `strategy.train_step` on this rank's real micro-batch shapes, under torch.distributed._tools'
+MemTracker, which gives the peak of tensor memory in that step.
+Model-state bytes are counted after the step by harness/worker/measure.py, as in a real run
+(params, grads and AdamW state exist then; AdamW's state is created by that step's optimizer.step()).
+If the step itself cannot run on fake tensors (reported in measured.dryrun_step_error), grads are
+set to zeros_like(param) and only the optimizer step runs, so the state bytes are still exact.
+
+The result is an ordinary measurement (measurement.json, kind "dryrun") that harness/collect/dryrun.py
+turns into the record's `measured`; no step time exists, so no time is reported.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from harness import rundir
+from launch.local import LaunchResult
+
+
+
+def selected_ranks(run, dims) -> list[int]:
+    if run.launcher.ranks:
+        return sorted(set(int(r) for r in run.launcher.ranks))
+    return [p * dims.dp * dims.tp for p in range(dims.pp)]
+
+
+def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
+    from harness.validate import num_microbatches
+    from launch.fork import ChildError, run_forked
+
+    t0 = time.monotonic()
+    ranks, results = selected_ranks(run, dims), []
+    with open(log_path, "w") as log:
+        for i, rank in enumerate(ranks):
+            remaining = run.launcher.timeout_s - (time.monotonic() - t0)
+            try:
+                result = run_forked(simulate_rank, run, dims, rank, timeout_s=max(1.0, remaining))
+            except TimeoutError:
+                log.write(f"rank {rank}: timed out\n")
+                return LaunchResult(None, True, time.monotonic() - t0, log_path)
+            except ChildError as e:
+                log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
+                error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
+                         "oom": False, "traceback": e.child_traceback[-8000:]}
+                rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
+                return LaunchResult(1, False, time.monotonic() - t0, log_path)
+            log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")
+            results.append(result)
+            if on_poll:
+                on_poll()
+            (run_dir / rundir.PROGRESS).write_text(f"{i + 1} {len(ranks)}")
+    measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims), "ranks": results}
+    rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
+    return LaunchResult(0, False, time.monotonic() - t0, log_path)
+
+
+def simulate_rank(run, dims, rank: int) -> dict:
+    """In the forked child: rank `rank` of the config on the fake backend (see the module docstring)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from harness import strategies
+    from harness.validate import num_microbatches
+    from harness.worker import measure
+    from harness.worker.data import local_microbatches
+    from models.gpt import build_model
+
+    t0 = time.monotonic()
+    torch.set_num_threads(1)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
+    device = torch.device("cpu")
+    mesh = dims.build_mesh(device.type)
+    model = build_model(run.model, device="meta")
+    model.set_activation_checkpointing(run.workload.activation_checkpointing)
+    strategy = strategies.load(run, dims)(run, dims, mesh, device, None)
+    nmb = num_microbatches(run, dims)
+    # real token ids of this rank's micro-batches, made before the fake mode (they are inputs)
+    mbs = local_microbatches(0, run, dims.coords(rank)["dp"], dims.dp, nmb, device)
+    out = {"rank": rank, "coords": dims.coords(rank), "num_threads": 1,
+           "env": {"torch": torch.__version__, "hostname": socket.gethostname(), "device_type": "fake",
+                   "device_name": "torch fake process group + FakeTensorMode", "cpu_count": None}}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        strategy.setup(model)
+        out.update(_one_step(strategy, mbs))
+        out["memory"] = measure.model_state_bytes(strategy.state_tensors())
+    out["memory"].update(out.pop("peak", {}))
+    dist.destroy_process_group()
+    out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+def _one_step(strategy, mbs) -> dict:
+    """One real train_step under torch's memory tracker -> its peak; on failure, grads by hand."""
+    import torch
+
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    try:
+        # MemTracker, not FSDPMemTracker: the latter refuses a module run twice in one step
+        # ("does not support memory tracking for multiple iterative calls"), i.e. any gradient
+        # accumulation; MemTracker counts every fake allocation whatever the engine
+        tracker = MemTracker()
+        tracker.track_external(strategy.model, strategy.optimizer)
+        with tracker:
+            strategy.train_step(mbs)
+        peak = tracker.get_tracker_snapshot("peak")
+        total = max(dev.get("Total", 0) for dev in peak.values()) if peak else 0
+        return {"peak": {"peak_mem_bytes": int(total), "peak_mem_kind": "fake_tensor_memtracker"}}
+    except Exception as e:  # noqa: BLE001 - reported in the record; the state bytes still follow
+        for p in strategy.model.parameters():
+            p.grad = torch.zeros_like(p)
+        strategy.optimizer_step()
+        return {"measured": {"dryrun_step_error": f"{type(e).__name__}: {str(e)[:500]}"}}
+

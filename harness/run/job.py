@@ -145,7 +145,8 @@ def _plan(run: RunConfig) -> tuple[ParallelDims, dict]:
         raise ConfigError(f"the cost model cannot evaluate this config ({type(e).__name__}: {e}); "
                           f"validation should have refused it: a brigade bug, please report") from e
     need, have = predicted.get("peak_mem_bytes"), run.hardware.memory_GiB * GiB
-    if need and need > have and not run.allow_oversubscribe_memory:
+    # a dry run allocates nothing: it is how one checks a layout that would not fit
+    if need and need > have and not run.allow_oversubscribe_memory and run.launcher.name != "dryrun":
         raise ConfigError(f"predicted peak memory {need / GiB:.2f} GiB per device > {run.hardware.name} "
                           f"memory {run.hardware.memory_GiB:.2f} GiB (allow_oversubscribe_memory=true runs it anyway)")
     preflight = getattr(importlib.import_module(f"launch.{run.launcher.name}"), "preflight", None)
@@ -236,8 +237,15 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
 def _print_summary(record: dict, label: str) -> None:
     style = {"ok": "green", "invalid": "yellow"}.get(record["status"], "red")
     m = record.get("measured") or {}
-    detail = (f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
-              if record["status"] == "ok" else escape((record.get("error") or "")[:300]))
+    if record["status"] != "ok":
+        detail = escape((record.get("error") or "")[:300])
+    elif m.get("kind") == "dryrun":  # launcher=dryrun: memory only (harness/collect/dryrun.py)
+        p = record.get("predicted") or {}
+        detail = (f"dry run of ranks {m['dryrun_ranks']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
+                  f"(predicted {p.get('model_states_bytes', 0) / GiB:.2f}), peak {m.get('peak_mem_bytes', 0) / GiB:.2f} "
+                  f"GiB (predicted {p.get('peak_mem_bytes', 0) / GiB:.2f}) per rank")
+    else:
+        detail = f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
     console.print(f"[{style}]{record['status']:>7}[/] {escape(label)} [dim]{record['run_id']}[/] {detail}")
 
 

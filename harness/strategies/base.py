@@ -26,6 +26,8 @@ class Strategy:
     def __init__(self, run, dims, mesh, device: torch.device, run_dir=None):
         self.run, self.dims, self.mesh, self.device = run, dims, mesh, device
         self.run_dir = run_dir  # where a strategy may leave files of its own (e.g. a pipeline timeline)
+        # the context local shards are allocated in: a dry run (launch/dryrun.py) sets FakeTensorMode
+        self.allocation = contextlib.nullcontext
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.precision = run.workload.precision
@@ -53,7 +55,8 @@ class Strategy:
         (launch/dryrun.py) the same call runs under FakeTensorMode and allocates nothing."""
         from models.init import materialize
 
-        return materialize(module, self.device, self.run.workload.seed)
+        with self.allocation():
+            return materialize(module, self.device, self.run.workload.seed)
 
     def make_optimizer(self, params, foreach: bool | None = None) -> torch.optim.Optimizer:
         w = self.run.workload

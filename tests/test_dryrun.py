@@ -1,0 +1,57 @@
+"""launcher=dryrun: the worker's code path on torch's fake process group. A Llama 3 70B layout of
+1024 ranks ends in an ok record whose per-stage model-state bytes equal the cost model's; a dry run
+at world 8 gives rank by rank the bytes of the real 8-process gloo run; bad input is refused."""
+from __future__ import annotations
+
+import pytest
+
+from harness.config import compose_run
+from harness.dims import ConfigError
+from harness.validate import MAX_DRYRUN_WORLD, validate
+from tests.helpers import run
+
+STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")
+LLAMA3_70B_1024 = ["launcher=dryrun", "model=llama3_70b", "strategy=3d", "parallel.dp=32", "parallel.tp=8",
+                   "parallel.pp=4", "hardware=h100_sxm", "workload.precision=bf16-mixed",
+                   "workload.global_batch_size=1024", "workload.micro_batch_size=1"]
+
+
+def _per_rank_equal_predicted(rec: dict) -> None:
+    m, p = rec["measured"], rec["predicted"]
+    for key in STATES:
+        assert m[f"{key}_per_rank"] == [p[f"{key}_per_rank"][r] for r in m["dryrun_ranks"]], key
+
+
+@pytest.mark.slow
+def test_llama3_70b_on_1024_ranks_matches_the_cost_model_per_stage(tmp_path):
+    rec = run(LLAMA3_70B_1024, tmp_path, fast=False)
+    assert rec["status"] == "ok", rec["error"]
+    m = rec["measured"]
+    assert m["kind"] == "dryrun" and m["world_size"] == 1024
+    assert m["dryrun_ranks"] == [0, 256, 512, 768]  # the first rank of every pipeline stage
+    _per_rank_equal_predicted(rec)
+    assert rec["fidelity"]["model_states_bytes"] == 1.0
+
+
+@pytest.mark.slow
+def test_dry_run_at_world_8_gives_the_bytes_of_the_real_gloo_run(tmp_path):
+    layout = ["model=llama_tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
+              "workload.global_batch_size=8", "workload.micro_batch_size=2", "logger=none"]
+    real = run(layout, tmp_path)
+    assert real["status"] == "ok", real["error"]
+    dry = run([*layout, "launcher=dryrun", "launcher.ranks=[0,1,2,3,4,5,6,7]", "study=dry"], tmp_path)
+    assert dry["status"] == "ok", dry["error"]
+    for key in STATES:
+        assert dry["measured"][f"{key}_per_rank"] == real["measured"][f"{key}_per_rank"], key
+    _per_rank_equal_predicted(dry)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["strategy=zero2", "strategy.engine=deepspeed", "parallel.dp=2"], "engine deepspeed builds its own communicator"),
+    (["strategy=ddp", "parallel.dp=2", "launcher.ranks=[0,2]"], r"launcher.ranks \[2\] outside the world: ranks are 0..1"),
+    (["strategy=fsdp", f"parallel.dp={2 * MAX_DRYRUN_WORLD}", f"workload.global_batch_size={2 * MAX_DRYRUN_WORLD}",
+      "workload.micro_batch_size=1"], f"dry run world size {2 * MAX_DRYRUN_WORLD} > {MAX_DRYRUN_WORLD}"),
+])
+def test_dry_run_refusals_show_why(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_run(["launcher=dryrun", "model=llama_tiny", *overrides]))

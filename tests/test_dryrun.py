@@ -7,7 +7,8 @@ import pytest
 
 from harness.config import compose_run
 from harness.dims import ConfigError
-from harness.validate import MAX_DRYRUN_WORLD, validate
+from harness.domains import MAX_WORLD
+from harness.validate import validate
 from tests.helpers import run
 
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")
@@ -49,8 +50,9 @@ def test_dry_run_at_world_8_gives_the_bytes_of_the_real_gloo_run(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["strategy=zero2", "strategy.engine=deepspeed", "parallel.dp=2"], "engine deepspeed builds its own communicator"),
     (["strategy=ddp", "parallel.dp=2", "launcher.ranks=[0,2]"], r"launcher.ranks \[2\] outside the world: ranks are 0..1"),
-    (["strategy=fsdp", f"parallel.dp={2 * MAX_DRYRUN_WORLD}", f"workload.global_batch_size={2 * MAX_DRYRUN_WORLD}",
-      "workload.micro_batch_size=1"], f"dry run world size {2 * MAX_DRYRUN_WORLD} > {MAX_DRYRUN_WORLD}"),
+    # the one world-size limit (harness/domains.py, the cost model's per-rank lists) holds for dry runs too
+    (["strategy=3d", f"parallel.dp={MAX_WORLD}", "parallel.tp=2", f"workload.global_batch_size={MAX_WORLD}",
+      "workload.micro_batch_size=1"], rf"= {2 * MAX_WORLD} ranks \(must be <= {MAX_WORLD}\)"),
 ])
 def test_dry_run_refusals_show_why(overrides, message):
     with pytest.raises(ConfigError, match=message):

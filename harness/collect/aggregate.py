@@ -11,7 +11,8 @@ from harness.collect import stats
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
 
 # master_bytes: a separate fp32 master copy (DeepSpeed's ZeRO optimizers hold one even in fp32); 0 elsewhere
-MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes")
+MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes",
+               "host_peak_rss_bytes", "host_peak_rss_predicted_bytes")  # the host pair: at the end of setup
 
 
 def aggregate(run, dims, measurement: dict) -> dict:

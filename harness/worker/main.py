@@ -73,6 +73,25 @@ def main(run_dir: str) -> None:
         raise
 
 
+def _current_rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _host_rss_at_setup(strategy, device, rss_before_model: int) -> dict:
+    """Peak host RSS of this rank at the end of setup (before the first step), beside its prediction:
+    the RSS before the model was built (interpreter, torch, process groups: measured) + the bytes of
+    the parameters this rank holds in host memory (its local shards on CPU; 0 on a GPU). Not
+    modelled: the init's transient (a few row blocks of one parameter, models/init.py) and the
+    allocator's slack."""
+    import resource
+
+    from harness.worker import measure
+
+    params = measure.tensor_bytes(strategy.state_tensors()["params"]) if device.type == "cpu" else 0
+    return {"host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "host_peak_rss_predicted_bytes": rss_before_model + params}
+
+
 def _is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
@@ -111,10 +130,12 @@ def _run(run_dir: Path, rank: int) -> None:
     assert dist.get_world_size() == dims.world_size, (dist.get_world_size(), dims.world_size)
     mesh = dims.build_mesh(device.type)
 
+    rss_before_model = _current_rss_bytes()
     model = build_model(run.model, device="meta")  # the strategy shards it, then materialises its shards
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
     strategy = strategies.load(run, dims)(run, dims, mesh, device, run_dir)
     strategy.setup(model)
+    host = _host_rss_at_setup(strategy, device, rss_before_model)
     if run.workload.compile:  # in place, after wrapping/sharding: the strategy keeps its module
         strategy.model.compile()
     if run.fault == "crash_rank1" and rank == 1:
@@ -141,6 +162,7 @@ def _run(run_dir: Path, rank: int) -> None:
     # before the first step, collection after the last) is what the rest of its wall time is
     result["loop_start_unix"], result["loop_end_unix"] = start_unix, time.time()
     result["rank"] = rank
+    result["memory"].update(host)
     result["coords"] = dims.coords(rank)
     result["env"] = _environment(device)
     result["num_threads"] = torch.get_num_threads()

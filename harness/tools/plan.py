@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides: model=, hardware=, workload.*, plan.gpus=, plan.top_k=")
     p.add_argument("--run-top", type=int, default=None, help="run the best K as a brigade sweep (plan.run_top)")
+    p.add_argument("--dryrun-top", type=int, default=0, help="confirm the memory of the best K by dry runs")
     args = p.parse_intermixed_args(argv)
     run = compose_run(args.overrides)
     gpus, k = run.plan.gpus, run.plan.top_k
@@ -256,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     if top and cands:
         rc = run_top(cands, top, args.overrides)
+    if args.dryrun_top and cands:
+        from harness.tools.plan_dryrun import dryrun_top
+
+        rc |= dryrun_top(cands, args.dryrun_top, args.overrides)
     n, s = counts["evaluated"], counts["seconds"]
     print(f"evaluated {n} configs in {s:.3f} s ({n / s if s else 0:.0f} configs/s)")
     return rc

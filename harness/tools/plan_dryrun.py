@@ -1,0 +1,37 @@
+"""`python -m harness.plan ... --dryrun-top K`: confirm the memory of the planner's best K distinct
+layouts by dry runs (launcher=dryrun: the real sharding code on torch's fake process group at the
+layout's full world size) and print, per layout, predicted vs dry-run model-state bytes and peak.
+Each dry run is an ordinary brigade job whose record lands in the study (default plan_dryrun_<time>)."""
+from __future__ import annotations
+
+import time
+
+GiB = 1024**3
+
+
+def dryrun_top(cands, k: int, overrides: list[str]) -> int:
+    from omegaconf import OmegaConf
+
+    from harness.config import compose_run
+    from harness.run.job import run_job
+    from harness.tools import plan_check
+
+    keep = [o for o in overrides if not o.startswith(("plan.", "strategy", "parallel.", "workload.micro_batch_size",
+                                                       "workload.activation_checkpointing", "launcher"))]
+    if not any(o.startswith("study=") for o in keep):
+        keep.append(f"study=plan_dryrun_{time.strftime('%Y%m%d_%H%M%S')}")
+    rows, rc = [], 0
+    for c in plan_check.distinct_layouts(cands, k):
+        rec = run_job(OmegaConf.structured(compose_run([*keep, *c.overrides(), "launcher=dryrun"])))
+        m, p = rec.get("measured") or {}, rec.get("predicted") or {}
+        rows.append((" ".join(c.overrides()), rec["status"], p.get("model_states_bytes"), m.get("model_states_bytes"),
+                     p.get("peak_mem_bytes"), m.get("peak_mem_bytes")))
+        rc |= rec["status"] != "ok"
+    print("layout | status | states predicted | states dry run | peak predicted | peak dry run (GiB per rank, max)")
+    for layout, status, ps, ms, pp, mp in rows:
+        print(f"{layout} | {status} | {_gib(ps)} | {_gib(ms)} | {_gib(pp)} | {_gib(mp)}")
+    return rc
+
+
+def _gib(v) -> str:
+    return "-" if v is None else f"{v / GiB:.3f}"

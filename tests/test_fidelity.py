@@ -69,4 +69,4 @@ def test_fidelity_study_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
     rows = [l for l in proc.stdout.splitlines() if l.startswith("| ") and not l.startswith("| config")]
-    assert len(rows) == 6 and any(l.startswith("| pp 1f1b pp2") for l in rows)
+    assert len(rows) == 6 and any(l.startswith("| pp pp2 1f1b") for l in rows)

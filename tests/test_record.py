@@ -123,3 +123,13 @@ def test_a_torn_line_is_skipped_with_a_warning(tmp_path):
         f.write(b'{"status": "ok", "run_id": "\xe2\x82')  # torn inside a multi-byte character
     with pytest.warns(UserWarning, match="skipped a torn record"):
         assert [r["run_id"] for r in rec.read(path)] == ["a"]
+
+
+def test_a_dry_run_and_a_real_run_of_one_config_have_different_run_ids():
+    """A dry run records bytes on fake tensors, not a run: resume must not take one for the other."""
+    from harness.config import as_dict, compose_run
+
+    base = ["strategy=fsdp", "parallel.dp=2", "model=tiny"]
+    real, dry = (rec.run_id(as_dict(compose_run(base + extra))) for extra in ([], ["launcher=dryrun"]))
+    assert real != dry
+    assert real == rec.run_id(as_dict(compose_run(base + ["launcher.timeout_s=60"])))  # launcher knobs stay out

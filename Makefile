@@ -8,7 +8,7 @@ STAMP := $(VENV)/.brigade-installed
 # This machine's pip config lists local wheel folders that do not exist; pip warns about each one.
 QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: demo test bench install clean-results chromium
+.PHONY: demo test test-all bench install clean-results chromium
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ demo: $(STAMP)
 	$(VENV)/bin/brigade experiment=demo $(ARGS)
 
 test: $(STAMP) chromium
+	$(PY) -m pytest tests -x -q -m "not heavy"
+
+# Everything, with the whole studies the README names (`heavy`: tens of minutes more on 2 cores).
+test-all: $(STAMP) chromium
 	$(PY) -m pytest tests -x -q
 
 # Headless Chromium for the report's browser test: Debian's package, driven by Playwright's Python

@@ -79,8 +79,15 @@ def test_the_readme_has_commands_and_this_test_knows_each():
             _argv(cmd, Path("/tmp"))  # understood (raises otherwise)
 
 
+def _param(cmd: str, comment: str):
+    # A named study runs its every config (dp_vs_3d: 27): minutes each even at model tiny, so these
+    # lines run in `make test-all`; each config they contain is tested on its own by the suite.
+    heavy = [pytest.mark.heavy] if "experiment=" in cmd else []
+    return pytest.param(cmd, comment, id=cmd, marks=heavy)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cmd,comment", COMMANDS, ids=[c for c, _ in COMMANDS])
+@pytest.mark.parametrize("cmd,comment", [_param(c, m) for c, m in COMMANDS])
 def test_readme_command_runs_as_written(cmd, comment, tmp_path):
     why = _skip_reason(cmd)
     if why:

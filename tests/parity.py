@@ -76,6 +76,15 @@ LAYOUTS: dict[str, Layout] = {
                      model="moe_tiny"),
 }
 
+# Rows whose mechanism CI already checks through another row or a dedicated test (test_pp: every
+# schedule's losses and bytes; test_layouts4d: HSDP, sharded accumulation, MoE and the distributed
+# optimizer in 3d; test_fsdp: zero2; test_deepspeed: stages 0 and 2). They run in `make test-all`
+# (marker heavy), so CI keeps one gradient check per mechanism within its time budget.
+HEAVY = {*(f"pp_{s}" for s in ("gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble",
+                               "zbv_zero_bubble", "dualpipev")),
+         "zero2", "ds_zero0", "ds_zero2", "3d_ddp_dp2_pp2_interleaved", "hsdp_dp4_replicate2",
+         "3d_dp2_pp2_sharded_accumulation", "3d_distributed_optimizer_2x2x2", "3d_moe_dp2_ep2_pp2"}
+
 
 @contextlib.contextmanager
 def _env(**values: str | None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parity import (LAYOUTS, RTOL, check_gradients, check_losses, gradient_errors, gradients, loss_error,
+from tests.parity import (HEAVY, LAYOUTS, RTOL, check_gradients, check_losses, gradient_errors, gradients, loss_error,
                           parity_run)
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,8 @@ def parity(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=[pytest.mark.heavy] if name in HEAVY else [])
+                                    for name in LAYOUTS])
 def test_gradients_and_sgd_losses_match_single(layout, parity):
     rec, ref = parity(layout), parity(f"single:{LAYOUTS[layout].model}")
     worst = check_gradients(rec, ref)

@@ -17,7 +17,7 @@ def test_ddp_matches_single(tmp_path, single_reference):
     assert rec["measured"]["model_states_bytes_per_rank"] == [ref["measured"]["model_states_bytes"]] * 2
     assert_states_as_predicted(rec)
     assert_states_as_predicted(ref)
-    assert rec["dims"] == {"dp": 2, "tp": 1, "pp": 1, "vpp": 1, "ep": 1, "world_size": 2}
+    assert rec["dims"] == {"dp": 2, "tp": 1, "pp": 1, "vpp": 1, "ep": 1, "world_size": 2, "cp": 1, "dp_replicate": 1}
 
 
 def test_model_state_bytes_are_exact(single_reference):

@@ -43,7 +43,7 @@ def test_ep2_matches_single(tmp_path, single_reference, device):
     ref = single_reference("model=moe_tiny", *on(device, 2))
     rec = run(["strategy=ep", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2", *on(device, 2)], tmp_path)
     assert rec["status"] == "ok", rec["error"]
-    assert rec["dims"] == {"dp": 2, "tp": 1, "pp": 1, "vpp": 1, "ep": 2, "world_size": 2}
+    assert rec["dims"] == {"dp": 2, "tp": 1, "pp": 1, "vpp": 1, "ep": 2, "world_size": 2, "cp": 1, "dp_replicate": 1}
     assert_losses_match(rec["measured"]["losses"], ref["measured"]["losses"])
 
     params, optimizer = moe_tiny_state_bytes(n_experts_held=N_EXPERTS // 2)

@@ -91,18 +91,18 @@ def _env(**values: str | None):
     """Set environment variables for the runs started inside (workers inherit os.environ)."""
     old = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _apply(values)
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _apply(old)
+
+
+def _apply(values: dict) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def parity_run(overrides, results_dir: Path, plant: str | None = None) -> dict:

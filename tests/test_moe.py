@@ -50,7 +50,8 @@ def _deepspeed_layer(moe: MoE, k: int, capacity_factor: float):
 @pytest.mark.parametrize("capacity_factor", [0.0, 1.0])
 def test_gating_matches_deepspeed(k, capacity_factor, device):
     torch.manual_seed(k)
-    cfg = SimpleNamespace(d_model=32, d_ff=64, dropout=0.0, n_experts=8, top_k=k, capacity_factor=capacity_factor)
+    cfg = SimpleNamespace(d_model=32, d_ff=64, dropout=0.0, n_experts=8, top_k=k, capacity_factor=capacity_factor,
+                          mlp="gelu", bias=False)
     moe = MoE(cfg).to(device)
     with torch.no_grad():
         for p in moe.parameters():  # a peaked router, so routing is uneven and capacity bites

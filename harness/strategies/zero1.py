@@ -29,7 +29,7 @@ class Zero1(DDPStrategy):
     def setup(self, model):
         if self.run.strategy.zero1_impl != "distributed":
             return super().setup(model)
-        self.model = model.to(self.device)
+        self.model = self.materialize(model)  # built on meta: allocate and initialise as single does
         self.optimizer = DistributedOptimizer(self.model.parameters(), self.mesh["dp"].get_group(),
                                               lambda ps: Strategy.make_optimizer(self, ps))
 

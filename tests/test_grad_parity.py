@@ -41,14 +41,16 @@ def test_gradients_and_sgd_losses_match_single(layout, parity):
 
 def test_single_gradients_are_those_of_the_global_batch_mean(parity):
     """The reference itself: its dumped gradients are non-zero for every parameter and its SGD
-    losses fall (so the checks above compare something that moves)."""
+    losses move every step and fall over the run (so the checks above compare something that moves).
+    Each step draws a new batch, so one step may rise: the claim is the size of every move."""
     ref = parity("single:tiny")
     grads = gradients(ref)
     assert len(grads) == 45 and all(len(c) == 1 for c in grads.values())  # tiny: 4 x 10 + 5 tensors
     assert all(c[0].norm() > 0 for c in grads.values())
     losses = ref["measured"]["losses"]
-    # SGD moves the loss every step, by far more than the tolerance (tiny: 6.952 -> 6.913 in 3 steps)
-    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[0] - losses[-1] > 100 * RTOL * losses[0], losses
+    # SGD moves the loss every step by far more than the tolerance (tiny: 6.948, 6.925, 6.944, 6.897)
+    assert all(abs(b - a) > 100 * RTOL * a for a, b in zip(losses, losses[1:])), losses
+    assert losses[0] - losses[-1] > 100 * RTOL * losses[0], losses
 
 
 # Planted bugs (tests/inject/sitecustomize.py PLANTS), each with the layout whose parity it breaks.

@@ -72,6 +72,13 @@ DEFAULT_DP_SHARD = "fsdp"
 MOE_DP_SHARD = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe3d.py)
 
 
+def dp_shard_runs(dp_shard: str, dp: int, tp: int, n_experts: int = 0) -> bool:
+    """Whether 3d's data axis can hold this layout on engine torch. torch's DistributedDataParallel
+    buckets plain tensors and cannot reduce tensor-parallel DTensor gradients (docs/notes.md#ddp-dtensor),
+    so dp_shard=ddp needs dp or tp to be 1; MoE blocks reduce their own gradients (no DDP wrapper)."""
+    return not (dp_shard == "ddp" and dp > 1 and tp > 1 and not n_experts)
+
+
 # What schema 1 configs said per strategy before this catalog held it: (axes, impl). Only run_id
 # reads it (harness/run/record.py), so records written before keep their run_ids.
 SCHEMA_1_STRATEGY_FIELDS = {
@@ -120,8 +127,10 @@ def strategy_for(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, di
     """The strategy (name, strategy overrides) that runs this layout on engine torch, or None.
 
     dp only: ZeRO 0-3 = ddp / zero1 / zero2 / zero3 (single on one device); tp only: tp; pp only: pp;
-    ep (with dp): ep; mixed axes: 3d, whose dp axis is DDP (ZeRO 0) or FSDP2 (ZeRO 3, or ZeRO 2
-    with reshard_after_forward=false)."""
+    ep (with dp): ep; mixed axes: 3d, whose dp axis is DDP (ZeRO 0), the distributed optimizer
+    (ZeRO 1) or FSDP2 (ZeRO 3, or ZeRO 2 with reshard_after_forward=false). DDP with dp and tp both
+    over 1 is a layout torch cannot run (dp_shard_runs), but it is what Megatron-LM's published rows
+    ran, so it is returned for the cost model; the planner drops it."""
     if ep > 1:
         return ("ep", {}) if tp == 1 and pp == 1 and zero == 0 else None
     if tp == 1 and pp == 1:
@@ -132,6 +141,8 @@ def strategy_for(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, di
         return ("tp", {}) if pp == 1 else ("pp", {})
     if zero == 0:
         return "3d", {"dp_shard": "ddp"}
+    if zero == 1:
+        return "3d", {"dp_shard": "zero1"}
     if zero in (2, 3):
         return "3d", {"dp_shard": "fsdp", "reshard_after_forward": zero == 3}
     return None

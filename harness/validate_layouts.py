@@ -45,6 +45,11 @@ def validate_layouts(run, dims: ParallelDims) -> None:
         raise ConfigError(f"strategy.fsdp_accumulate={s.fsdp_accumulate} applies to FSDP2 only (fsdp, zero2, "
                           f"zero3 and 3d with dp_shard=fsdp, engine torch); strategy {s.name} "
                           f"(engine {s.engine}, dp_shard {s.dp_shard}) does not shard with FSDP")
+    if reads_dp_shard(s) and not catalog.dp_shard_runs(s.dp_shard, dims.dp * dims.cp, dims.tp, m.n_experts):
+        raise ConfigError(f"3d with dp_shard={s.dp_shard} at dp {dims.dp} x cp {dims.cp} x tp {dims.tp}: torch's "
+                          f"DistributedDataParallel cannot reduce tensor-parallel (DTensor) gradients; use "
+                          f"strategy.dp_shard=zero1 (the distributed optimizer, as Megatron-LM runs dp with tp) "
+                          f"or strategy.dp_shard=fsdp")
     if m.n_experts and reads_dp_shard(s) and dims.dp > 1 and s.dp_shard != catalog.MOE_DP_SHARD:
         raise ConfigError(f"MoE in 3d (model {m.name}: n_experts {m.n_experts}) reduces dense grads over dp and "
                           f"expert grads over dp/ep replicas itself, as strategy=ep does; dp_shard={s.dp_shard} "

@@ -36,6 +36,8 @@ def test_refusals_show_the_arithmetic(tmp_path):
     assert "dp(2) * tp(2) * pp(2) = 8 != world size 4" in refusal(
         tmp_path, "strategy=3d", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2",
         "parallel.pp=2", "strategy.dp_shard=ddp", "launcher.nproc_per_node=4")
+    assert "cannot reduce tensor-parallel (DTensor) gradients" in refusal(
+        tmp_path, "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.dp_shard=ddp")
     assert "dp(1) * cp(2) * tp(2) * pp(1) = 4 != world size 2" in refusal(
         tmp_path, "strategy=3d", "parallel.cp=2", "parallel.tp=2", "launcher.nproc_per_node=2")
 

@@ -48,7 +48,7 @@ def test_every_layout_maps_to_a_strategy_brigade_has():
     assert strategy_of(1, 1, 1, 1, 0) == ("single", {})
     assert strategy_of(8, 1, 1, 1, 2) == ("zero2", {})
     assert strategy_of(4, 2, 2, 1, 3) == ("3d", {"dp_shard": "fsdp", "reshard_after_forward": True})
-    assert strategy_of(4, 2, 2, 1, 1) is None  # no ZeRO-1 on the 3d strategy
+    assert strategy_of(4, 2, 2, 1, 1) == ("3d", {"dp_shard": "zero1"})  # the distributed optimizer
 
 
 @pytest.mark.slow

@@ -124,7 +124,8 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
             for ep in eps:
                 for zero in ZERO_STAGES[:1] if dp == 1 else ZERO_STAGES:  # nothing to shard over one rank
                     strat = catalog.strategy_for(dp, tp, pp, ep, zero)
-                    if strat is None or strat[0] not in have:
+                    if strat is None or strat[0] not in have or \
+                            not catalog.dp_shard_runs(strat[1].get("dp_shard", ""), dp, tp, E):
                         continue
                     for knobs in with_sequence_parallel(strat[1], tp, m_cfg):
                         for schedule, vpps in schedules:

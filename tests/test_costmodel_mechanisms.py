@@ -54,3 +54,21 @@ def test_measured_sweep_interpolates_in_log_flops():
     assert curve.rate(50, 100, 100) == pytest.approx(0.1e12)  # 1e6 FLOPs
     assert curve.rate(1000, 1000, 500) == pytest.approx(0.4e12)
     assert 0.1e12 < curve.rate(100, 1000, 500) < 0.4e12
+
+
+def test_gemm_saturates_above_the_ridge_point_and_moves_with_it():
+    """sat(I) = I / (I + c R/B): a mid-size GEMM runs below R, the rate rises with size towards R, and the
+    same GEMM runs at a smaller fraction of R on a profile whose ridge point R/B is higher."""
+    def rate(curve, bw, size, k):
+        return 2 * size * size * k / gemm_time(curve, size, size, k, 2, bw, 1.0)
+
+    a100 = GemmCurve(267.9e12, half_ridge=1.0)
+    rates = [rate(a100, 2.039e12, size, 2048) for size in (1024, 2048, 4096, 8192, 16384)]
+    assert all(x < y for x, y in zip(rates, rates[1:])) and rates[-1] < 267.9e12
+    assert rates[1] / 267.9e12 == pytest.approx(1 / (1 + 131.4 / (2 * 2048**3 / (2 * 3 * 2048**2))), rel=1e-3)
+    h100 = GemmCurve(792.1e12, half_ridge=1.0)
+    assert rate(h100, 3.35e12, 4096, 2048) / 792.1e12 < rates[2] / 267.9e12
+    # c = 1 is the additive roofline: math time + operand traffic time
+    flops, moved = 2 * 4096 * 4096 * 2048, 2 * (2 * 4096 * 2048 + 4096 * 4096)
+    assert gemm_time(a100, 4096, 4096, 2048, 2, 2.039e12, 1.0) == pytest.approx(flops / 267.9e12 + moved / 2.039e12)
+    assert gemm_time(GemmCurve(267.9e12), 4096, 4096, 2048, 2, 2.039e12, 1.0) == pytest.approx(flops / 267.9e12)

@@ -2,9 +2,15 @@
 the element-wise work by bandwidth.
 
 GEMM (M, N, K) in dtype of e bytes, on a profile with a `compute.gemm.<dtype>` curve:
-    t = max(2MNK / (R * wave(M, N)),  e (MK + KN + MN) / B)
+    t = max(2MNK / (R * wave(M, N) * sat(I)),  e (MK + KN + MN) / B)
     R = the best sustained GEMM rate (a cited measurement, or `harness.calibrate`'s sweep), B = memory
     bandwidth: below the ridge point R/B a GEMM is memory-bound (Williams et al. 2009, "Roofline").
+    sat(I) = I / (I + c R/B), I = 2MNK / (e (MK + KN + MN)) the GEMM's arithmetic intensity (FLOP/byte)
+    and c = the curve's `half_ridge` (0: off): above the ridge point the rate saturates towards R, at
+    half of it where I = c R/B. c = 1 is the additive roofline t = 2MNK/R + bytes/B (operand traffic
+    not hidden under the math): one dimensionless constant, so the curve moves with each profile's
+    datasheet ridge point (A100 131, H100 236 FLOP/byte) and a mid-size GEMM runs further below R
+    on the device with the higher ridge.
     wave(M, N) = tiles / (ceil(tiles / units) * units), tiles = ceil(M/tm) ceil(N/tn): the last wave of
     output tiles leaves units idle (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
     wave quantization), with the tile (tm, tn) and unit count (SMs) of the profile;
@@ -33,13 +39,15 @@ class GemmCurve:
     tile_n: int = 0
     units: int = 0
     points: tuple = ()  # ((log GEMM FLOPs, FLOP/s), ...) measured, sorted
+    half_ridge: float = 0.0  # c: intensity of half saturation / the ridge point R/B (0: no saturation)
 
     @classmethod
     def of(cls, cfg) -> "GemmCurve":
         cfg = dict(cfg)
         pts = tuple(sorted((math.log(float(f)), float(r) * 1e12) for f, r in (cfg.get("points") or ())))
         tile = list(cfg.get("tile") or (0, 0))
-        return cls(float(cfg["max_tflops"]) * 1e12, int(tile[0]), int(tile[1]), int(cfg.get("units", 0)), pts)
+        return cls(float(cfg["max_tflops"]) * 1e12, int(tile[0]), int(tile[1]), int(cfg.get("units", 0)), pts,
+                   float(cfg.get("half_ridge", 0.0)))
 
     def rate(self, m: float, n: float, k: float) -> float:
         """FLOP/s of one (M, N, K) GEMM, before the memory-bound limit."""
@@ -61,8 +69,14 @@ def _interpolate(points: tuple, x: float) -> float:
 
 
 def gemm_time(curve: GemmCurve, m: float, n: float, k: float, elem_bytes: int, mem_bw: float, slowdown: float) -> float:
-    t_flops = 2 * m * n * k / (curve.rate(m, n, k) / slowdown)
-    return max(t_flops, elem_bytes * (m * k + k * n + m * n) / mem_bw) if mem_bw else t_flops
+    flops, moved = 2 * m * n * k, elem_bytes * (m * k + k * n + m * n)
+    rate = curve.rate(m, n, k) / slowdown
+    if not mem_bw:
+        return flops / rate
+    if curve.half_ridge and not curve.points:  # saturation above the ridge point (module docstring)
+        intensity = flops / moved
+        rate *= intensity / (intensity + curve.half_ridge * (curve.max_flops / slowdown) / mem_bw)
+    return max(flops / rate, moved / mem_bw)
 
 
 def training_gemms(m: float, n: float, k: float) -> tuple:
@@ -121,9 +135,9 @@ _SHAPE_TIMES: dict = {}  # the planner meets the same (shape, tp, tokens) in man
 def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple[float, float, float]:
     """(one layer's GEMMs, its attention core, the head's GEMMs) for `tokens` tokens, seconds."""
     md, pl, pt = lo.model, lo.place, lo.per_token
-    key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, md.shape, md.cfg.attention,
-           lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype), pl.tp, tokens, pt.act_elem_bytes,
-           lo.mem_bw, pl.slowdown)
+    key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.half_ridge, md.shape,
+           md.cfg.attention, lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype), pl.tp, tokens,
+           pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
     if key not in _SHAPE_TIMES:
         if len(_SHAPE_TIMES) > 65536:
             _SHAPE_TIMES.clear()

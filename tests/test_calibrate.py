@@ -49,9 +49,12 @@ def test_gemm_sweep_and_dispatch_are_measured():
 def test_alpha_beta_fit_of_noisy_points_stays_physical():
     """all_to_all at 2 ranks measured at load 17: the 1 MB message ran faster than the 64 KB one. The
     fit once returned B = 1e15 B/s (β clamped at 1e-15); a bandwidth no message achieved is not one."""
-    points = [(0.5 * 8, 1630.8e-6), (0.5 * 65536, 3509.7e-6), (0.5 * 1048576, 850.0e-6)]
-    alpha, bw = fit_alpha_beta(points)
-    assert alpha >= 0 and 0 < bw <= max(x / t for x, t in points), (alpha, bw)
+    for points in ([(0.5 * 8, 1630.8e-6), (0.5 * 65536, 3509.7e-6), (0.5 * 1048576, 850.0e-6)],
+                   # and at load 6 (CI beside the suite): the 8 B message the slowest; the fit gave α = 0
+                   [(0.5 * 8, 2040.3e-6), (0.5 * 65536, 853.1e-6), (0.5 * 1048576, 808.3e-6)]):
+        alpha, bw = fit_alpha_beta(points)
+        # every message pays α: positive, and no more than the shortest time measured
+        assert 0 < alpha <= min(t for _, t in points) and 0 < bw <= max(x / t for x, t in points), (alpha, bw)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,10 +80,13 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str)
             first = _slowest(time.perf_counter() - t0, torch)
             iters = int(min(50, max(2, budget_s / max(first, 1e-6))))  # the same count on every rank
             dist.barrier()
-            t0 = time.perf_counter()
+            times = []
             for _ in range(iters):
+                t0 = time.perf_counter()
                 fn()
-            t = _slowest((time.perf_counter() - t0) / iters, torch)
+                times.append(time.perf_counter() - t0)
+            # the median, not the mean: on a shared machine one preempted iteration would set the mean
+            t = _slowest(statistics.median(times), torch)
             results.setdefault(coll, []).append({"bytes": nbytes, "time_s": t, "iters": iters})
             done += 1
             if rank == 0:
@@ -110,13 +114,15 @@ def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
         return 0.0, x / t
     alpha = (sxx * st - sx * sxt) / det
     beta = (sw * sxt - sx * st) / det
-    if alpha < 0 or beta <= 0:  # refit the constrained edge: α = 0 (β from the weighted ratio)
-        alpha = max(alpha, 0.0)
-        beta = sum(wi * x * (t - alpha) for wi, (x, t) in zip(w, points)) / sxx
-        if beta <= 0:  # noise (a loaded machine: 1 MB faster than 64 KB) left no time for the bytes once
-            # α is paid: the line through the origin, whose B the largest message's time bounds
-            alpha, beta = 0.0, sum(wi * x * t for wi, (x, t) in zip(w, points)) / sxx
-    return alpha, 1.0 / beta
+    if alpha > 0 and beta > 0:
+        return alpha, 1.0 / beta
+    # Noise (a loaded machine: the 8 B message slower than the 1 MB one) left no physical line. Every
+    # message pays α, so the shortest time measured bounds it from above and is its best estimate here;
+    # β from the weighted ratio of what remains, and no bandwidth above what some message achieved.
+    alpha = min(t for _, t in points)
+    beta = sum(wi * x * max(t - alpha, 0.0) for wi, (x, t) in zip(w, points)) / sxx
+    fastest = max(x / t for x, t in points)
+    return alpha, min(1.0 / beta, fastest) if beta > 0 else fastest
 
 
 def run_collectives(n: int, sizes, budget_s: float, on_poll) -> dict:

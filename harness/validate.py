@@ -34,8 +34,10 @@ def num_microbatches(run: RunConfig, dims: ParallelDims) -> int:
     return derived
 
 
-def validate(run: RunConfig) -> ParallelDims:
-    """Return the ParallelDims of a runnable config, or raise ConfigError saying why it cannot run."""
+def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
+    """Return the ParallelDims of a runnable config, or raise ConfigError saying why it cannot run.
+    torch_runs=False keeps the cost model's checks but not the refusals of layouts only brigade's torch
+    runtime cannot run (the published set predicts Megatron-LM's DDP x TP rows, which Megatron ran)."""
     check_domains(run)  # every size >= 1, every rate finite: no rule below divides by zero
     m, s, p, w, hw = run.model, run.strategy, run.parallel, run.workload, run.hardware
     names = available_strategies()
@@ -100,7 +102,7 @@ def validate(run: RunConfig) -> ParallelDims:
     if w.steps < 1 or w.warmup_steps < 0:
         raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
 
-    validate_layouts(run, dims)
+    validate_layouts(run, dims, torch_runs)
     if s.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
         raise ConfigError(f"unknown comm_hook '{s.comm_hook}'; available: none, fp16, bf16, powersgd")
     if s.comm_hook == "bf16" and hw.device != "cuda":

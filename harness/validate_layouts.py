@@ -19,7 +19,7 @@ def reads_dp_shard(s) -> bool:
     return s.engine == "torch" and catalog.strategy(s.name).states == "by_dp_shard"
 
 
-def validate_layouts(run, dims: ParallelDims) -> None:
+def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
     s, m = run.strategy, run.model
     if s.dp_shard not in catalog.DP_SHARD:
         raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: {', '.join(catalog.DP_SHARD)}")
@@ -45,7 +45,7 @@ def validate_layouts(run, dims: ParallelDims) -> None:
         raise ConfigError(f"strategy.fsdp_accumulate={s.fsdp_accumulate} applies to FSDP2 only (fsdp, zero2, "
                           f"zero3 and 3d with dp_shard=fsdp, engine torch); strategy {s.name} "
                           f"(engine {s.engine}, dp_shard {s.dp_shard}) does not shard with FSDP")
-    if reads_dp_shard(s) and not catalog.dp_shard_runs(s.dp_shard, dims.dp * dims.cp, dims.tp, m.n_experts):
+    if torch_runs and reads_dp_shard(s) and not catalog.dp_shard_runs(s.dp_shard, dims.dp * dims.cp, dims.tp, m.n_experts):
         raise ConfigError(f"3d with dp_shard={s.dp_shard} at dp {dims.dp} x cp {dims.cp} x tp {dims.tp}: torch's "
                           f"DistributedDataParallel cannot reduce tensor-parallel (DTensor) gradients; use "
                           f"strategy.dp_shard=zero1 (the distributed optimizer, as Megatron-LM runs dp with tp) "

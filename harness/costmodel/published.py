@@ -94,7 +94,7 @@ def predict_row(row: dict, model: dict, compose) -> dict:
     from harness.validate import validate
 
     run = compose(overrides(row, model))
-    pred = predict(run, validate(run))
+    pred = predict(run, validate(run, torch_runs=False))  # Megatron's DDP x TP: predicted, not launched
     published = published_tokens_per_s_per_gpu(row, model)
     predicted = pred["tokens_per_s_per_device"]
     return {"source": row["source"], "index": row["index"], "half": row["half"], "model": row["model"],

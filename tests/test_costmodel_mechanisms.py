@@ -72,3 +72,21 @@ def test_gemm_saturates_above_the_ridge_point_and_moves_with_it():
     flops, moved = 2 * 4096 * 4096 * 2048, 2 * (2 * 4096 * 2048 + 4096 * 4096)
     assert gemm_time(a100, 4096, 4096, 2048, 2, 2.039e12, 1.0) == pytest.approx(flops / 267.9e12 + moved / 2.039e12)
     assert gemm_time(GemmCurve(267.9e12), 4096, 4096, 2048, 2, 2.039e12, 1.0) == pytest.approx(flops / 267.9e12)
+
+
+def test_fused_attention_backward_recomputes_the_scores():
+    """FlashAttention's backward runs 5 matmuls against the forward's 2 (forward + backward = 3.5
+    forwards; eager: 3); checkpointing the core adds one more forward of it."""
+    from harness.costmodel.compute import _core_time, microbatch_times
+    from harness.costmodel.layout import layout
+
+    def core(attention):
+        md = Model.of(compose_run(["model=gpt_7b", f"model.attention={attention}"]).model)
+        lo = layout(md, HW, strategy("strategy=ddp"), 8, 1, 1, 1, 1, "bf16-mixed", 1, False, 0.0)
+        both, forward = _core_time(lo, 2 * md.s, HW.gemm["bf16"])
+        times = microbatch_times(lo, 2).layer
+        return both / forward, times["selective"] - times["none"], forward
+
+    ratio, selective_extra, forward = core("sdpa")
+    assert ratio == pytest.approx(3.5) and selective_extra == pytest.approx(forward)
+    assert core("eager")[0] == pytest.approx(3.0)

@@ -20,8 +20,12 @@ fc1, fc2 separate nn.Linear): forward (T, out/t, in) or (T, out, in/t); backward
 (T, in, out) and the weight gradient (out, in, T) per projection; full recompute runs the forward again.
 Attention core (QK^T, AV): under model.attention=sdpa with a profile's `attention_efficiency` (a fused
 causal kernel, e.g. FlashAttention), the causal half of flops.py's 4 s h per token runs at that
-fraction of peak; eager attention (scores materialised) runs its batched GEMMs, full count, at the
-GEMM rate of (s, s, h/a) shapes. Element-wise work: traffic.py's bytes / B.
+fraction of peak; its backward recomputes the scores from the saved logsumexp instead of reading them:
+5 matmuls (QK^T again, dV, dP, dQ, dK) against the forward's 2, so forward + backward = 3.5 forwards
+(Dao et al. 2022, FlashAttention, Algorithm 4; llm-foundry's benchmark README counts the same extra
+recompute, "attention multiplier 5 instead of 4" with checkpointing); recomputing the forward
+(selective or full checkpointing) adds 1. Eager attention (scores materialised) runs its batched GEMMs,
+full count, forward + backward = 3 forwards, at the GEMM rate of (s, s, h/a) shapes. Element-wise work: traffic.py's bytes / B.
 A profile without a `compute.gemm` entry for the dtype keeps one rate for every FLOP (achievable_tflops).
 Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each (both measured by
 `harness.calibrate` on a CPU; 0 on the GPU profiles, whose kernels launch asynchronously).
@@ -118,8 +122,9 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         layer = {c: tokens * pt.layer_flops[c] / lo.matmul_rate for c in pt.layer_flops}
         head = tokens * pt.head_flops / lo.matmul_rate
     else:
-        gemm, core, head = _shape_times(lo, tokens, curve)
-        layer = {"none": gemm + core, "selective": gemm + core * 4 / 3, "full": (gemm + core) * 4 / 3}
+        gemm, (core, core_forward), head = _shape_times(lo, tokens, curve)
+        layer = {"none": gemm + core, "selective": gemm + core + core_forward,
+                 "full": gemm * 4 / 3 + core + core_forward}
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
     layer = {c: t + dispatch * (4 / 3 if c == "full" else 1) for c, t in layer.items()}
@@ -148,11 +153,13 @@ def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple[float, float, flo
     return _SHAPE_TIMES[key]
 
 
-def _core_time(lo, tokens: float, curve: GemmCurve) -> float:
-    """QK^T and AV, forward + backward (3x the forward), of one layer's tp shard."""
+def _core_time(lo, tokens: float, curve: GemmCurve) -> tuple[float, float]:
+    """(forward + backward, forward) seconds of QK^T and AV on one layer's tp shard."""
     md, tp = lo.model, lo.place.tp
-    flops = 3 * tokens * md.core_flops / tp
+    forward = tokens * md.core_flops / tp
     eff = lo.hw.attention_efficiency.get(lo.dtype) if md.cfg.attention == "sdpa" else None
-    if eff:  # a fused causal kernel computes only the unmasked half
-        return 0.5 * flops / (lo.hw.peak[lo.dtype] * float(eff) / lo.place.slowdown)
-    return flops / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)
+    if eff:  # a fused causal kernel computes only the unmasked half, and recomputes the scores in backward
+        t = 0.5 * forward / (lo.hw.peak[lo.dtype] * float(eff) / lo.place.slowdown)
+        return 3.5 * t, t
+    t = forward / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)
+    return 3 * t, t

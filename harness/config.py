@@ -40,6 +40,10 @@ class ModelConfig:
     n_kv_heads: Optional[int] = None  # grouped-query attention: key/value heads; None = n_heads
     tie_embeddings: bool = False  # head shares the token embedding's weight
     bias: bool = False  # biases on the linear layers
+    # the loss (models/loss.py): fp32 (F.cross_entropy on fp32 logits: ~12 B x V per token at the loss) |
+    # chunked (logits kept in their dtype, fp32 work loss_chunk_tokens at a time: ~2 x dtype x V per token)
+    loss: str = "fp32"
+    loss_chunk_tokens: int = 2048  # chunked: tokens per fp32 (chunk, V) working buffer
 
 
 @dataclass

@@ -40,6 +40,7 @@ DOMAINS = {
     "model.dropout": (_real(0, 1, hi_open=True), "in [0, 1)"),
     "model.capacity_factor": NON_NEGATIVE, "model.aux_loss_coef": NON_NEGATIVE, "model.rope_theta": POSITIVE,
     "model.n_kv_heads": (lambda v: v is None or _int_at_least(1)(v), "null or >= 1"),
+    "model.loss_chunk_tokens": SIZE,
     "parallel.dp": DEGREE, "parallel.tp": DEGREE, "parallel.pp": DEGREE, "parallel.vpp": DEGREE,
     "parallel.ep": DEGREE, "parallel.cp": DEGREE, "parallel.dp_replicate": DEGREE,
     "workload.global_batch_size": SIZE, "workload.micro_batch_size": SIZE,

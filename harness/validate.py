@@ -13,7 +13,8 @@ from harness.validate_layouts import validate_layouts
 
 CHECKPOINTING = ("none", "selective", "full")
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
-MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope")}
+MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),
+                 "loss": ("fp32", "chunked")}  # loss: models/loss.py LOSSES
 
 
 def available_strategies() -> list[str]:
@@ -75,6 +76,10 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
             raise ConfigError("sequence_parallel covers dense MLPs only (models/tp_plan.py); "
                               f"model {m.name} has {m.n_experts} experts: set strategy.sequence_parallel=false")
     _validate_llama_options(m, dims)
+    if m.loss != "fp32" and dims.tp > 1 and s.loss_parallel:
+        raise ConfigError(f"model.loss={m.loss} takes whole (B, T, V) logits; with tp {dims.tp} and "
+                          f"strategy.loss_parallel=true they are vocabulary-sharded DTensors (torch's loss_parallel "
+                          f"runs its own cross-entropy): set strategy.loss_parallel=false or model.loss=fp32")
     if m.n_layers % (dims.pp * dims.vpp):
         raise ConfigError(f"n_layers {m.n_layers} not divisible by pp*vpp {dims.pp * dims.vpp} "
                           f"(pp {dims.pp} * vpp {dims.vpp})")

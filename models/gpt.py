@@ -157,8 +157,3 @@ def build_model(cfg, seed: int | None = None, device: str | torch.device = "cpu"
         assert seed is not None, "a materialised model needs a seed"
         materialize(model, device, seed)
     return model
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over every token of the micro-batch. logits (B, T, V), targets (B, T)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))

@@ -37,7 +37,16 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
   Selective recompute (checkpointed attention core) drops the core's internals (scores, logsumexp);
   full recompute keeps each block's input (r*E, /t under SP) plus one block's activations while
   it is recomputed.
-Last stage: ln_f input r*E, head input, and the loss's log_softmax output 4*b*s*V/t (fp32).
+Last stage: ln_f input r*E, head input, and what the loss (models/loss.py, `model.loss`) keeps.
+  Per token, e the logits' dtype (4 in fp32, 2 under bf16/fp16), c = model.loss_chunk_tokens:
+    fp32     held forward -> backward: the log_softmax output 4*V/t (fp32); at the loss: its gradient
+             and the logits' gradient, fp32, 8*V/t. 12*V/t in all.
+    chunked  held: the logits e*V + one fp32 log-sum-exp (4); at the loss: the logits' gradient e*V
+             + one chunk's fp32 working copy 4*V*min(c, b*s) (per micro-batch, not per token).
+             2*e*V per token + 4*V*c. Logits are whole (V, not V/t): chunked refuses loss_parallel.
+  Measured on CPU (tests/test_loss.py: peak of the live storages created from the logits through
+  backward, N = 1024 tokens, V = 4096), in N*V bytes: fp32 12.0 (fp32 or bf16 logits); chunked
+  c = 128: 8.5 (fp32 logits), 4.5 (bf16); c = N: 12.0, 8.0. That is 2*e + 4*c/N, as above.
 
 Micro-batches in flight per pipeline rank (what multiplies one micro-batch's activations):
     no pipeline: 1 (gradient accumulation frees each micro-batch in its backward)
@@ -118,9 +127,22 @@ def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str, aut
                                option(m, "norm"), option(m, "position") == "rope")
 
 
-def head_bytes(s: int, b: int, h: int, V: int, t: int, head_sharded: bool) -> float:
-    """Last stage: ln_f input and output (fp32) + the loss's log_softmax output (fp32) over V/t."""
+def head_bytes(s: int, b: int, h: int, V: int, t: int, head_sharded: bool, loss: str = "fp32", e: int = 4) -> float:
+    """Last stage: ln_f input and output (fp32) + what the loss keeps until backward (module docstring)."""
+    if loss == "chunked":
+        return 2 * 4 * b * s * h + b * s * (e * V + 4)  # logits (whole: no loss_parallel) + fp32 lse
     return 2 * 4 * b * s * h + 4 * b * s * V / (t if head_sharded else 1)
+
+
+def loss_grad_bytes(s: int, V: int, t: int, loss: str = "fp32", e: int = 4) -> float:
+    """One sequence's transient at the loss (module docstring): fp32 grads of the log_softmax and the
+    logits over V/t, or chunked's logits' gradient in their dtype (its chunk buffer: loss_chunk_bytes)."""
+    return e * s * V if loss == "chunked" else 8 * s * V / t
+
+
+def loss_chunk_bytes(loss: str, chunk_tokens: int, tokens: int, V: int) -> float:
+    """chunked: the one fp32 (c, V) working copy, c = min(chunk, the micro-batch's tokens); 0 for fp32."""
+    return 4 * V * min(chunk_tokens, tokens) if loss == "chunked" else 0.0
 
 
 def in_flight(schedule: str, pp: int, vpp: int, m: int, pp_rank: int) -> float:

@@ -19,7 +19,7 @@ from harness.costmodel.dp_comm import dp_collectives
 from harness.costmodel import memory as mem
 from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
-from harness.costmodel.params import block_numel, block_tensors, numel, rank_inventory
+from harness.costmodel.params import block_numel, block_tensors, numel, option, rank_inventory
 
 CHECKPOINTING = ("none", "selective", "full")
 
@@ -59,7 +59,9 @@ class PerToken:
     """Per checkpointing mode where it matters; activation bytes per sequence, the rest per token."""
     layer_activation_bytes: dict  # one layer, one sequence
     head_activation_bytes: float  # last stage, one sequence
-    logits_bytes: float  # logits + their gradient, one sequence (a transient at the loss)
+    logits_bytes: float  # the loss's gradients, one sequence (a transient at the loss)
+    loss: str  # model.loss (models/loss.py): fp32 | chunked
+    loss_chunk_tokens: int  # chunked: tokens per fp32 working copy (activations.loss_chunk_bytes)
     layer_flops: dict  # forward + backward (+ recompute) of one layer's shard
     head_flops: float
     layer_traffic_bytes: dict  # element-wise bytes (harness/costmodel/traffic.py)
@@ -133,10 +135,13 @@ def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToke
     e = catalog.PRECISION_BYTES[precision]
     e_res = 4 if st.autocast else e
     cfg = md.cfg
+    loss = option(cfg, "loss")
     return PerToken(
         layer_activation_bytes={c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in CHECKPOINTING},
-        head_activation_bytes=act.head_bytes(md.s, 1, md.h, md.V, tp, True),
-        logits_bytes=8 * md.s * md.V / tp,  # vocab-parallel head and loss (models/tp_plan.py)
+        # fp32: vocab-parallel head and loss (models/tp_plan.py); chunked: whole logits (activations.py)
+        head_activation_bytes=act.head_bytes(md.s, 1, md.h, md.V, tp, True, loss, e),
+        logits_bytes=act.loss_grad_bytes(md.s, md.V, tp, loss, e),
+        loss=loss, loss_chunk_tokens=option(cfg, "loss_chunk_tokens"),
         # forward+backward FLOPs per token of one layer (x3; full recompute x4; selective + the core)
         layer_flops={"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
                      "full": 4 * md.layer_flops / tp},

@@ -3,7 +3,7 @@
     peak = model states (memory.py) + persistent communication buffers + unsharded FSDP state held
            across passes + activations in flight (activations.py) + the largest transient
          + the allocator's overhead on all of it (a named fraction of the profile; 0 where unmeasured)
-Transients: the logits and their gradient at the loss; an FSDP unit's gathered params, the prefetched
+Transients: the loss's gradients (and chunked's fp32 chunk buffer) at the loss; an FSDP unit's gathered params, the prefetched
 next unit's and its unsharded grads (3 units); one block's activations while full recompute reruns it.
 FSDP accumulation: fsdp_accumulate=unsharded keeps every block's grads unsharded (and, resharding
 after forward, its params gathered) between micro-batches; sharded reduce-scatters each micro-batch's
@@ -52,7 +52,10 @@ def fsdp_held_bytes(lo, rank, m: int) -> float:
 
 def transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
     pt = lo.per_token
-    out = pt.logits_bytes * mb if rank.last else 0.0
+    if rank.last:
+        out = pt.logits_bytes * mb + act.loss_chunk_bytes(pt.loss, pt.loss_chunk_tokens, mb * lo.model.s, lo.model.V)
+    else:
+        out = 0.0
     if lo.strategy.family == "sharded" and lo.place.dp > 1:
         out = max(out, 3 * lo.fsdp_block_bytes)  # this unit's and the prefetched unit's params + its grads
     if ckpt == "full":

@@ -81,6 +81,7 @@ def overrides(row: dict, model: dict) -> list[str]:
            f"model.n_heads={model['n_heads']}", f"model.d_ff={4 * model['d_model']}",
            f"model.vocab_size={model['vocab_size']}", f"model.seq_len={row['seq_len']}",
            f"model.dropout={row.get('dropout', 0.0)}", f"model.attention={row.get('attention', 'sdpa')}",
+           f"model.loss={row.get('loss', 'fp32')}",
            f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
            f"workload.global_batch_size={row['global_batch']}",
            f"workload.micro_batch_size={row['micro_batch_size']}", f"workload.precision={row['precision']}",

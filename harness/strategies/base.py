@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from models.gpt import loss_fn
+from models.loss import loss_function
 
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -31,6 +31,7 @@ class Strategy:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.precision = run.workload.precision
+        self.loss_fn = loss_function(run.model)  # model.loss: fp32 | chunked (models/loss.py)
         # fp16 needs loss scaling; bf16 and fp32 do not (GradScaler is CUDA-only here)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16-mixed" else None
 
@@ -76,7 +77,7 @@ class Strategy:
     def forward_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             logits = self.model(inputs)
-            loss = loss_fn(logits, targets)
+            loss = self.loss_fn(logits, targets)
         aux = getattr(getattr(self.model, "module", self.model), "aux_loss", None)  # DDP wraps in .module
         aux = aux() if callable(aux) else None
         if aux is not None:

@@ -39,7 +39,6 @@ from harness import catalog
 from harness.strategies.base import Strategy
 from harness.validate import num_microbatches
 from harness.strategies.pipeline_timeline import Timeline
-from models.gpt import loss_fn
 from models.pipeline_split import even_split, stage_module
 
 # schedule name -> torch class; what each schedule is (placement, vpp rule, loss rank) is in harness/catalog.py
@@ -92,7 +91,7 @@ class PipelineStrategy(Strategy):
 
     def _microbatch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # / m: the schedule sums gradients over micro-batches (scale_grads=False); see the docstring
-        loss = loss_fn(logits, targets) / self.num_microbatches
+        loss = self.loss_fn(logits, targets) / self.num_microbatches
         self.timeline.loss_done()
         return loss
 

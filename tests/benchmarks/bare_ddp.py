@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.worker.data import global_batch  # noqa: E402
-from models.gpt import build_model, loss_fn  # noqa: E402
+from models.gpt import build_model  # noqa: E402
+from models.loss import cross_entropy as loss_fn  # noqa: E402
 
 
 class Cfg:

@@ -16,11 +16,9 @@ class DeepSpeedPipeline(DeepSpeedStrategy):
     def build_module(self, model):
         from deepspeed.pipe import PipelineModule
 
-        from models.gpt import loss_fn
-
         layers = [Embedding(model), *model.blocks.values(), Head(model)]
         full = self.run.workload.activation_checkpointing == "full"
-        return PipelineModule(layers=layers, num_stages=self.dims.pp, loss_fn=loss_fn, partition_method="type:Block",
+        return PipelineModule(layers=layers, num_stages=self.dims.pp, loss_fn=self.loss_fn, partition_method="type:Block",
                               activation_checkpoint_interval=1 if full else 0)
 
     def train_step(self, microbatches):

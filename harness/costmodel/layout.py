@@ -19,7 +19,7 @@ from harness.costmodel.dp_comm import dp_collectives
 from harness.costmodel import memory as mem
 from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
-from harness.costmodel.params import block_numel, block_tensors, numel, option, rank_inventory
+from harness.costmodel.params import block_numel, block_tensors, numel, option, rank_inventory, tp_block_collectives
 
 CHECKPOINTING = ("none", "selective", "full")
 
@@ -156,14 +156,11 @@ def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list
     def link(coll, n, stride):
         return comm.collective_link(hw, coll, n, stride * n <= pl.ranks_per_node)
 
-    # Per layer 2 all-reduces forward (after o, fc2) and, backward, one per column-parallel projection
-    # fed by a replicated input: q, k, v and fc1 each reduce their input gradient separately (models/
-    # tp_plan.py wraps them one by one; the profiled window counted 6 per layer on model=tiny): 6.
-    # With sequence parallel the attention and MLP inputs are gathered once (PrepareModuleInput), so
-    # the gradient is reduce-scattered once per input: 4 all-reduce equivalents (Megatron's count).
+    # Per layer: params.tp_block_collectives (6 all-reduces for a GELU MLP, 7 for SwiGLU; 4 all-reduce
+    # equivalents with sequence parallel; the profiled window counted 6 per layer on model=tiny).
     # A MoE MLP is not TP-sharded (experts whole on every tp rank): its block has attention's 4 (o
     # forward; q, k, v backward; the 4D run on moe_tiny measured 9 per stage and micro-batch, 2 layers).
-    per_layer = 4 if (st.sp or md.E) else 6
+    per_layer = 4 if (st.sp or md.E) else tp_block_collectives(md.shape[9], False)["allreduce_equiv"]
     tp_calls = max(per_layer * r.layers + int(r.first) + int(r.last) for r in ranks)
     return AxisLinks(
         tp=link("all_reduce", pl.tp, 1) if pl.tp > 1 else None,

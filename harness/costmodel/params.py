@@ -27,13 +27,36 @@ only through ties of equal size, which do not change per-rank bytes.
 """
 from __future__ import annotations
 
+import functools
+
 from functools import lru_cache
 
 from harness import catalog
-from models.tp_plan import SHARDED_DIM, role_of
+from models.tp_plan import PLAN, SHARDED_DIM, role_of
 
 ROW_PARALLEL = ("o", "fc2", "down")  # their bias is replicated; a column-parallel bias is split
 MLP_MATRICES = {"gelu": (("fc1", 0), ("fc2", 1)), "swiglu": (("gate", 0), ("up", 0), ("down", 1))}  # (name, in = d_ff dim)
+
+@functools.lru_cache(maxsize=None)
+def tp_block_collectives(mlp: str, sp: bool) -> dict:
+    """One dense block's tensor-parallel collectives per micro-batch, read from models/tp_plan.py's PLAN
+    for the block's own projections (MLP_MATRICES[mlp]). Forward: an all-reduce per row-parallel output
+    (o and the MLP's output). Backward: one per column-parallel projection fed by a replicated input,
+    since tp_plan.py wraps each one alone and each reduces its input gradient (q, k, v + fc1, or
+    + gate and up: 6 for gelu, 7 for swiglu; Megatron fuses them). With sequence parallel each input
+    is gathered once and its gradient reduce-scattered once: 4 all-reduce equivalents either way."""
+    names = {"attn": ("q", "k", "v", "o"), "mlp": tuple(n for n, _ in MLP_MATRICES[mlp])}
+    col, rows = {"attn": 0, "mlp": 0}, 0
+    for pattern, role in PLAN:
+        parts = pattern.split(".")
+        if len(parts) == 4 and parts[0] == "blocks" and parts[3] in names.get(parts[2], ()):
+            col[parts[2]] += role == "colwise"
+            rows += role == "rowwise"
+    if sp:
+        return {"fwd": 2 * 2, "bwd": 2 * 2, "allreduce_equiv": 4, "attn_bwd": 1, "mlp_bwd": 1, "rows": rows}
+    return {"fwd": rows, "bwd": col["attn"] + col["mlp"], "allreduce_equiv": rows + col["attn"] + col["mlp"],
+            "attn_bwd": col["attn"], "mlp_bwd": col["mlp"], "rows": rows}
+
 
 # tensor -> dimension split by tp (None: replicated), read once from models/tp_plan.py's PLAN so the
 # planner's inner loop needs no name matching.

@@ -33,9 +33,9 @@ def collectives(run, axis: str) -> str:
             return "all-reduce of gradients + broadcast of each rank's updated parameter shard"
         return "all-reduce of gradients (ring: reduce-scatter then all-gather)"
     if axis == "tp":
-        from harness.report.tp_mode import collectives_per_block
+        from harness.costmodel.params import tp_block_collectives
 
-        c = collectives_per_block(bool(s.get("sequence_parallel")))
+        c = tp_block_collectives(run.cfg("model", "mlp", default="gelu"), bool(s.get("sequence_parallel")))
         if s.get("sequence_parallel"):
             return "all-gather + reduce-scatter of activations, 2 of each per layer forward and backward"
         return f"all-reduce of activations, {c['fwd']} per layer forward and {c['bwd']} backward"

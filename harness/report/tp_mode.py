@@ -16,29 +16,11 @@ The embedding (vocab-parallel) and the loss add a little more; the cost model co
 """
 from __future__ import annotations
 
+from harness.costmodel.params import tp_block_collectives
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.fmt import esc, nbytes, pct, seconds
 from harness.report.study import Run, Study, candidates, command_for
-
-
-def collectives_per_block(sp: bool) -> dict:
-    """How many collectives one block runs per micro-batch, from the model's TP plan."""
-    from models.tp_plan import PLAN
-
-    col = {"attn": 0, "mlp": 0}
-    rows = 0
-    for pattern, role in PLAN:
-        if not pattern.startswith("blocks.*."):
-            continue
-        part = pattern.split(".")[2]
-        if role == "colwise" and part in col:
-            col[part] += 1
-        rows += role == "rowwise"
-    if sp:  # gathered once per input, reduce-scattered once per row-parallel output
-        return {"fwd": 2 * 2, "bwd": 2 * 2, "allreduce_equiv": 4, "attn_bwd": 1, "mlp_bwd": 1, "rows": rows}
-    return {"fwd": rows, "bwd": col["attn"] + col["mlp"], "allreduce_equiv": rows + col["attn"] + col["mlp"],
-            "attn_bwd": col["attn"], "mlp_bwd": col["mlp"], "rows": rows}
 
 
 def per_block_bytes(run: Run, t: int) -> tuple[float, float, dict]:
@@ -46,7 +28,7 @@ def per_block_bytes(run: Run, t: int) -> tuple[float, float, dict]:
     b = run.cfg("workload", "micro_batch_size", default=1)
     s = run.cfg("model", "seq_len", default=1)
     h = run.cfg("model", "d_model", default=1)
-    counts = collectives_per_block(bool(run.cfg("strategy", "sequence_parallel")))
+    counts = dict(tp_block_collectives(run.cfg("model", "mlp", default="gelu"), bool(run.cfg("strategy", "sequence_parallel"))))
     msg = b * s * h * run.dtype_bytes
     return msg, counts["allreduce_equiv"] * 2 * (t - 1) / t * msg, counts
 

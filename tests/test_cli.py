@@ -65,6 +65,7 @@ def test_a_crashed_rank_is_a_failed_record_not_a_hang(tmp_path):
     assert elapsed < 150, f"took {elapsed:.0f} s"  # a hang would last launcher.timeout_s=240 (and ~60 s is load)
 
 
+@pytest.mark.heavy  # CI: the timeout path in tests/test_faults.py (a SIGSTOPped rank, no leftovers)
 def test_a_hung_rank_is_killed_at_the_wall_clock_limit(tmp_path):
     p = cli([*FAST, "strategy=ddp", "parallel.dp=2", "fault=hang_rank1", "launcher.timeout_s=25"], tmp_path)
     assert p.returncode == 1, p.stderr[-3000:]

@@ -36,6 +36,7 @@ def test_ratios_of_one_record():
                                        "bubble_pct_diff_points": False}
 
 
+@pytest.mark.heavy  # 6 runs, 85 s; CI: fidelity ratios in tests/test_comm_heldout.py and the unit tests above
 def test_fidelity_study_end_to_end(tmp_path):
     proc = cli(["experiment=fidelity", *FAST], tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

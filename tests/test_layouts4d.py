@@ -49,11 +49,13 @@ def test_context_parallel_splits_the_sequence(results, single_reference):
     assert calls["all_gather"]["count"] == calls["reduce_scatter"]["count"] == 2 * layers * micro
 
 
+@pytest.mark.heavy  # world 8; CI: cp in tests/test_grad_parity.py[3d_cp2] and test_context_parallel_splits_the_sequence
 def test_context_parallel_with_tp_and_pp_and_fsdp(results, single_reference):
     rec = run(["strategy=3d", "parallel.cp=2", "parallel.tp=2", "parallel.pp=2", *PROFILED], results)
     check(rec, single_reference())
 
 
+@pytest.mark.heavy  # world 8; CI: HSDP in test_hsdp_shards_within_a_group_and_all_reduces_across, cp as above
 def test_hsdp_in_3d_over_cp(results, single_reference):
     rec = run(["strategy=3d", "parallel.dp=2", "parallel.dp_replicate=2", "parallel.cp=2",
                "model.attention=eager", "workload.activation_checkpointing=selective", *PROFILED], results)
@@ -72,7 +74,9 @@ def test_distributed_optimizer_plain_and_in_3d(results, single_reference):
 
 
 @pytest.mark.parametrize("overrides", [["strategy=fsdp", "parallel.dp=2"],
-                                       ["strategy=3d", "parallel.dp=2", "parallel.pp=2"]])
+                                       # the pipeline's own stage hook: `make test-all` (CI: the fsdp row)
+                                       pytest.param(["strategy=3d", "parallel.dp=2", "parallel.pp=2"],
+                                                    marks=pytest.mark.heavy)])
 def test_fsdp_sharded_accumulation_reduce_scatters_every_microbatch(results, single_reference, overrides):
     counts = {}
     for mode in ("unsharded", "sharded"):

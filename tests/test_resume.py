@@ -13,6 +13,7 @@ STUDY = ["study=resume"]
 CRASH = ["strategy=ddp", "parallel.dp=2", "fault=crash_rank1"]  # rank 1 raises after setup, every time
 
 
+@pytest.mark.heavy  # CI: resume in tests/test_faults.py (two invocations) and tests/test_slurm.py (then resume)
 def test_resume_skips_done_and_reruns_failed(tmp_path, single_reference):
     path = tmp_path / "resume.jsonl"
 

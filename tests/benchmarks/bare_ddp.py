@@ -24,7 +24,13 @@ from models.loss import cross_entropy as loss_fn  # noqa: E402
 
 
 class Cfg:
+    """The preset's YAML over the model schema's defaults (harness/config.py ModelConfig), as Hydra composes it."""
     def __init__(self, d):
+        from dataclasses import MISSING, fields
+
+        from harness.config import ModelConfig
+
+        self.__dict__.update({f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING})
         self.__dict__.update(d)
 
 
@@ -32,7 +38,6 @@ def main(steps: int, preset: str, stamps: str | None = None) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = Cfg(yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "model" / f"{preset}.yaml").read_text()))
-    cfg.__dict__.setdefault("capacity_factor", 0.0)
     model = DDP(build_model(cfg, 1234))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     gbs, micro = 8, 2

@@ -128,3 +128,68 @@ def test_the_default_loss_keeps_every_existing_run_id():
     old = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k not in ("loss", "loss_chunk_tokens")}}
     assert run_id(cfg) == run_id(old)
     assert run_id({**cfg, "model": {**cfg["model"], "loss": "chunked"}}) != run_id(cfg)
+
+
+@pytest.mark.slow
+def test_chunked_runs_through_brigade_with_the_fp32_losses(tmp_path, single_reference):
+    """strategy=single, model=tiny: 128 tokens per micro-batch in chunks of 50 (not a divisor)."""
+    from tests.helpers import assert_losses_match, run
+
+    rec = run(["strategy=single", "model.loss=chunked", "model.loss_chunk_tokens=50"], tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["config"]["model"]["loss"] == "chunked"
+    assert_losses_match(rec["measured"]["losses"], single_reference()["measured"]["losses"], rtol=1e-5)
+
+
+# A vocabulary share large enough to see: model=small at V = 32768, 2048 tokens per micro-batch
+LARGE_VOCAB = ["model=small", "model.vocab_size=32768", "strategy=single", "workload.global_batch_size=16",
+               "workload.micro_batch_size=16", "model.loss_chunk_tokens=512"]
+
+
+@pytest.mark.parametrize("precision,e", [("fp32", 4), ("bf16-mixed", 2)])
+def test_the_prediction_holds_each_loss_s_bytes(precision, e):
+    """activations + transient of the prediction differ by exactly the loss terms: fp32 holds 12 N V,
+    chunked 2 e N V + 4 N (lse) + 4 c V (harness/costmodel/activations.py)."""
+    from harness.costmodel import predict
+
+    terms = {}
+    for loss in LOSSES:
+        run = compose_run([*LARGE_VOCAB, "logger=none", f"workload.precision={precision}", f"model.loss={loss}"])
+        p = predict(run, validate(run))
+        terms[loss] = p["activations_bytes"] + p["transient_bytes"]
+    N, V, c = 16 * 128, 32768, 512
+    assert terms["fp32"] - terms["chunked"] == (12 - 2 * e) * N * V - 4 * N - 4 * c * V
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_chunked_lowers_the_dry_run_peak_as_predicted(tmp_path, precision):
+    """The worker's step on fake tensors (launcher=dryrun: the peak of the storages it allocates) drops
+    from fp32 to chunked by what the cost model predicts, within 10 %."""
+    from tests.helpers import run
+
+    recs = {loss: run([*LARGE_VOCAB, "launcher=dryrun", f"workload.precision={precision}", f"model.loss={loss}",
+                       f"study={loss}"], tmp_path) for loss in LOSSES}
+    assert all(r["status"] == "ok" for r in recs.values()), [r["error"] for r in recs.values()]
+    measured = {k: r["measured"]["peak_mem_bytes"] for k, r in recs.items()}
+    predicted = {k: r["predicted"]["peak_mem_bytes"] for k, r in recs.items()}
+    drop, predicted_drop = measured["fp32"] - measured["chunked"], predicted["fp32"] - predicted["chunked"]
+    assert drop > 0 and drop == pytest.approx(predicted_drop, rel=0.10), (measured, predicted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_chunked_on_the_last_pipeline_stage_gives_single_s_losses(tmp_path, single_reference, engine):
+    """pp=2: torch's ZB-V schedule (its backward split into input- and weight-gradient halves through
+    the loss's autograd Function) and DeepSpeed's PipelineModule (loss_fn = the chunked loss)."""
+    from tests.helpers import assert_losses_match, run
+
+    layout = ["strategy=pp", "parallel.pp=2", "model.loss=chunked", "model.loss_chunk_tokens=50"]
+    if engine == "torch":
+        rec = run([*layout, "parallel.vpp=2", "strategy.schedule=zbv_zero_bubble"], tmp_path)
+        assert rec["status"] == "ok", rec["error"]
+    else:
+        from tests.test_deepspeed import run_deepspeed
+
+        rec = run_deepspeed([*layout, "strategy.zero_stage=1"], tmp_path)
+    assert_losses_match(rec["measured"]["losses"], single_reference()["measured"]["losses"])

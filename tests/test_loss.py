@@ -3,18 +3,15 @@ cost model counts (measured tensor by tensor on CPU), is refused where it cannot
 run_ids, and runs through brigade."""
 from __future__ import annotations
 
-import weakref
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from harness.config import as_dict, compose_run
 from harness.costmodel import activations as act
 from harness.dims import ConfigError
 from harness.run.record import run_id
 from harness.validate import MODEL_OPTIONS, validate
+from launch.dryrun import PeakBytes
 from models.gpt import build_model
 from models.loss import LOSSES, chunked_cross_entropy, cross_entropy, loss_function
 
@@ -63,42 +60,18 @@ def test_chunked_keeps_bf16_logits_and_writes_their_gradient_in_bf16():
     assert torch.all((grad.float() - ref_grad.float()).abs() <= 2 ** -7 * ref_grad.float().abs())
 
 
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of the tensor storages created under this mode and still alive (forward and
-    backward: autograd runs CPU backward ops on this thread, under the same mode)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live = self.peak = 0
-        self.seen: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in self.seen:
-                st = t.untyped_storage()
-                self.seen.add(st.data_ptr())
-                self.live += st.nbytes()
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(st, self._free, st.data_ptr(), st.nbytes())
-        return out
-
-    def _free(self, ptr: int, nbytes: int) -> None:
-        self.seen.discard(ptr)
-        self.live -= nbytes
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("loss,chunk", [("fp32", 0), ("chunked", 128), ("chunked", 1024)])
 def test_the_loss_holds_the_bytes_the_cost_model_counts(dtype, loss, chunk):
-    """Peak bytes from the logits' creation through backward = harness/costmodel/activations.py's
-    loss terms (what is held to backward + the transient at the loss), within 2 %."""
+    """Peak bytes from the logits' creation through backward (the dry run's storage counter: CPU backward
+    ops run on this thread, under the same mode) = harness/costmodel/activations.py's loss terms (what
+    is held to backward + the transient at the loss), within 2 %."""
     b, s, V = 4, 256, 4096  # N = 1024 tokens
     e = torch.finfo(dtype).bits // 8
     leaf = torch.randn(b, s, V).to(dtype).requires_grad_()
     targets = torch.randint(0, V, (b, s))
     f = cross_entropy if loss == "fp32" else (lambda x, y: chunked_cross_entropy(x, y, chunk))
-    with LiveBytes() as mode:
+    with PeakBytes() as mode:
         logits = leaf * 1  # the head's output: allocated here, as in the model's forward
         out = f(logits, targets)
         del logits  # Strategy.forward_loss returns the loss only

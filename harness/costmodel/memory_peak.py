@@ -3,8 +3,9 @@
     peak = model states (memory.py) + persistent communication buffers + unsharded FSDP state held
            across passes + activations in flight (activations.py) + the largest transient
          + the allocator's overhead on all of it (a named fraction of the profile; 0 where unmeasured)
-Transients: the loss's gradients (and chunked's fp32 chunk buffer) at the loss; an FSDP unit's gathered params, the prefetched
-next unit's and its unsharded grads (3 units); one block's activations while full recompute reruns it.
+Transients: the loss's gradients (and chunked's fp32 chunk buffer) at the loss; an FSDP unit's
+gathered params, the prefetched next unit's and its unsharded grads (3 units); one block's
+activations while full recompute reruns it.
 FSDP accumulation: fsdp_accumulate=unsharded keeps every block's grads unsharded (and, resharding
 after forward, its params gathered) between micro-batches; sharded reduce-scatters each micro-batch's
 grads and reshards, so nothing is held between micro-batches.

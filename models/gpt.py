@@ -96,12 +96,19 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def _embedding(n: int, d: int) -> nn.Embedding:
+    """An embedding whose weight is left for models/init.py to fill. nn.Embedding's own reset_parameters
+    on the meta device runs torch's Python reference of normal_, whose first call imports torch._dynamo:
+    4.5 s of every worker's start-up on a 2-core CPU (profiled), for values that are overwritten."""
+    return nn.Embedding(n, d, _weight=torch.empty(n, d))
+
+
 class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.position == "learned" else None
+        self.tok_emb = _embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = _embedding(cfg.seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.ln_f = make_norm(cfg)

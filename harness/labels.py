@@ -69,12 +69,14 @@ def _extra(key: str, value) -> str:
     return f"{short}={value}" if short else str(value)
 
 
-def differing_keys(records: list[dict]) -> list[str]:
-    """Config keys whose values are not the same in every record (in config order). A group's inner
-    keys count only between runs of the same option (model.n_layers between two `small` runs)."""
+def differing_keys(records: list[dict]) -> dict[str, set | None]:
+    """Config keys whose values are not the same in every record (in config order), each with the
+    group options it differs within. A group's inner keys count only between runs of the same option
+    (model.n_layers between two `small` runs; strategy.dp_shard between two 3d runs, so a tp run
+    beside them is not labelled with a knob it never reads); None for a key outside any group."""
     flats = [flatten(r.get("config") or {}) for r in records]
     keys = list(dict.fromkeys(k for f in flats for k in f))
-    out = []
+    out: dict[str, set | None] = {}
     for k in keys:
         if not _shown(k):
             continue
@@ -83,8 +85,9 @@ def differing_keys(records: list[dict]) -> list[str]:
         for f in flats:  # a record without the key (a config that never composed, an older schema) says nothing
             if k in f:
                 by_option.setdefault(f.get(option) if option and option != k else None, set()).add(repr(f[k]))
-        if any(len(values) > 1 for values in by_option.values()):
-            out.append(k)
+        within = {o for o, values in by_option.items() if len(values) > 1}
+        if within:
+            out[k] = None if within == {None} else within
     return out
 
 
@@ -95,7 +98,8 @@ def labels(records: list[dict]) -> list[str]:
     out = []
     for r in records:
         flat = flatten(r.get("config") or {})
-        extras = [_extra(k, flat[k]) for k in keys if flat.get(k) not in (None, "")]
+        extras = [_extra(k, flat[k]) for k, within in keys.items() if flat.get(k) not in (None, "")
+                  and (within is None or flat.get(GROUP_OPTION[k.split(".")[0]]) in within)]
         out.append(" ".join([base_label(r)] + extras))
     seen: dict[str, set] = {}
     for r, lab in zip(records, out):

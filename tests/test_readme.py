@@ -87,6 +87,7 @@ def _param(cmd: str, comment: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # above the command's own 1500 s: a whole study (dp_vs_3d) takes 10-25 min on 2 cores
 @pytest.mark.parametrize("cmd,comment", [_param(c, m) for c, m in COMMANDS])
 def test_readme_command_runs_as_written(cmd, comment, tmp_path):
     why = _skip_reason(cmd)

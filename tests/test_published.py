@@ -48,3 +48,12 @@ def test_every_row_maps_to_a_runnable_config():
     results = published.run_all()
     assert len(results) == len(published.load()[1])
     assert all(r["predicted_tokens_per_s_per_gpu"] > 0 for r in results)
+
+
+def test_deepspeed_rows_run_as_the_2021_release_did():
+    """Narayanan's ZeRO-3 rows ran a DeepSpeed that synchronised the device before every parameter
+    gather (docs/published_runs.yaml): they map to overlap_comm=false, and nothing else does."""
+    models, rows = published.load()
+    for r in rows:
+        has = "strategy.ds.overlap_comm=false" in published.overrides(r, models[r["model"]])
+        assert has == (r["source"] == "narayanan2021_t2" and r.get("engine") == "deepspeed"), r

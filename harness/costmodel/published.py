@@ -64,6 +64,8 @@ def strategy_overrides(row: dict) -> list[str]:
     if row.get("engine", "torch") != "torch":  # DeepSpeed's own defaults, not brigade's CPU-sized buckets
         out += [f"strategy.engine={row['engine']}", "strategy.ds.reduce_bucket_size=500000000",
                 "strategy.ds.stage3_param_persistence_threshold=100000"]
+        if "ds_overlap_comm" in row:  # the DeepSpeed version the source ran (docs/published_runs.yaml)
+            out.append(f"strategy.ds.overlap_comm={str(bool(row['ds_overlap_comm'])).lower()}")
     if pp > 1:
         out.append(f"strategy.schedule={row['schedule']}")
     if tp > 1:

@@ -74,7 +74,7 @@ class StrategyConfig:
     zero1_impl: str = "torch_zero"  # zero1 on engine torch: torch_zero (ZeroRedundancyOptimizer) | distributed
     # DDP
     bucket_cap_mb: float = 25.0
-    comm_hook: str = "none"  # none | fp16 | bf16 (NCCL only) | powersgd
+    comm_hook: str = "none"  # none | fp16 | bf16 (NCCL only) | powersgd; FSDP2: none (fp32) | bf16 reduce dtype
     powersgd_rank: int = 1
     # FSDP / 3D data axis
     reshard_after_forward: bool = True

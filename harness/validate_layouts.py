@@ -36,6 +36,9 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
     if distributed and s.comm_hook != "none":
         raise ConfigError(f"comm_hook {s.comm_hook} compresses DDP's all-reduce; the distributed optimizer "
                           f"reduce-scatters its own flat buffer: use comm_hook=none")
+    if runs_fsdp(s) and s.comm_hook not in ("none", "bf16"):
+        raise ConfigError(f"comm_hook {s.comm_hook} is a DDP hook; FSDP2 reduce-scatters in its mixed-precision "
+                          f"reduce dtype: comm_hook=bf16 sets it to bf16 (NCCL), none keeps fp32")
     if distributed and run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs a loss scaler that unscales and checks every rank's grads; the "
                           "distributed optimizer steps a flat slice it does not coordinate: use bf16-mixed or fp32")

@@ -90,3 +90,23 @@ def test_fused_attention_backward_recomputes_the_scores():
     ratio, selective_extra, forward = core("sdpa")
     assert ratio == pytest.approx(3.5) and selective_extra == pytest.approx(forward)
     assert core("eager")[0] == pytest.approx(3.0)
+
+
+def test_bf16_gradient_reduction_moves_half_the_gradient_bytes(tmp_path):
+    """DDP's bf16 compress hook moves 2-byte gradients like fp16's; FSDP2 with comm_hook=bf16 reduce-scatters
+    in bf16 (Composer's PURE), its all-gathers unchanged; FSDP refuses DDP-only hooks before launch."""
+    from harness.config import to_run_config
+    from harness.dims import ConfigError
+    from harness.validate import validate
+    from tests.helpers import compose_config
+
+    ddp = {h: run(strategy("strategy=ddp", f"strategy.comm_hook={h}"))["comm_dp_bytes"] for h in ("none", "fp16", "bf16")}
+    assert ddp["bf16"] == ddp["fp16"] == pytest.approx(ddp["none"] / 2)
+    fsdp = {h: run(strategy("strategy=zero3", "strategy.fsdp_accumulate=sharded", f"strategy.comm_hook={h}"))
+            for h in ("none", "bf16")}
+    saved = fsdp["none"]["comm_dp_bytes"] - fsdp["bf16"]["comm_dp_bytes"]
+    # m = 4 fp32 reduce-scatters of (n-1)/n G each lose half: 4 (n-1)/n G/2 = DDP's fp32 all-reduce, 2 (n-1)/n G
+    assert saved == pytest.approx(ddp["none"], rel=1e-6)
+    with pytest.raises(ConfigError, match="comm_hook fp16 is a DDP hook"):
+        validate(to_run_config(compose_config(["model=tiny", "strategy=fsdp", "parallel.dp=2",
+                                               "strategy.comm_hook=fp16"], tmp_path)))

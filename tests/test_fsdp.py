@@ -95,3 +95,15 @@ def test_zero_stages_compare_like_for_like_across_engines(tmp_path):
         assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("deepspeed.zero", stage)
     z1 = to_run_config(compose_config(["strategy=zero1"], tmp_path)).strategy
     assert (module_name(z1), z1.zero_stage) == ("zero1", 1)
+
+
+def test_bf16_comm_hook_sets_fsdp_reduce_dtype():
+    """strategy.comm_hook=bf16 is FSDP2's bf16 gradient reduction (Composer's PURE); the default stays fp32."""
+    import torch
+
+    from harness.strategies.fsdp import mixed_precision_policy
+
+    assert mixed_precision_policy("bf16-mixed").reduce_dtype == torch.float32
+    assert mixed_precision_policy("bf16-mixed", "bf16").reduce_dtype == torch.bfloat16
+    assert mixed_precision_policy("fp32").reduce_dtype is None  # fp32 training keeps fp32 throughout
+    assert mixed_precision_policy("fp32", "bf16").reduce_dtype == torch.bfloat16  # as DDP's bf16 hook

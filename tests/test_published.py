@@ -57,3 +57,12 @@ def test_deepspeed_rows_run_as_the_2021_release_did():
     for r in rows:
         has = "strategy.ds.overlap_comm=false" in published.overrides(r, models[r["model"]])
         assert has == (r["source"] == "narayanan2021_t2" and r.get("engine") == "deepspeed"), r
+
+
+def test_composer_pure_rows_reduce_in_bf16():
+    """The table's MP Mode PURE (bf16 gradient reduction) maps to comm_hook=bf16, DEFAULT to nothing."""
+    models, rows = published.load()
+    pure = [r for r in rows if r.get("mp_mode") == "PURE"]
+    assert [(r["source"], r["model"]) for r in pure] == [("mpt_a100", "mpt_70b")] * 2
+    for r in rows:
+        assert ("strategy.comm_hook=bf16" in published.overrides(r, models[r["model"]])) == (r in pure)

@@ -102,7 +102,7 @@ def grad_comm_bytes(st, groups, grad_elem_bytes: int) -> tuple[float, float]:
         if compress:  # PowerSGD (Vogels et al. 2019): a rank-r P (n x r) and Q (m x r) per matrix
             return sum(c * (st.powersgd_rank * (d0 + r) if r > 1 else d0) for c, d0, r, k in groups if k == kind)
         return sum(c * d0 * r for c, d0, r, k in groups if k == kind)
-    if st.comm_hook == "fp16":
+    if st.comm_hook in ("fp16", "bf16"):  # DDP's compress hooks; FSDP2's bf16 reduce dtype (fsdp.py)
         return 2 * elems("dense"), 2 * elems("expert")
     if st.comm_hook == "powersgd":
         return 4 * elems("dense", True), 4 * elems("expert", True)

@@ -70,6 +70,8 @@ def strategy_overrides(row: dict) -> list[str]:
         out.append(f"strategy.schedule={row['schedule']}")
     if tp > 1:
         out.append(f"strategy.sequence_parallel={str(bool(row.get('sequence_parallel', False))).lower()}")
+    if row.get("mp_mode") == "PURE":  # Composer's FSDP PURE reduces gradients in bf16 (docs/published_runs.yaml)
+        out.append("strategy.comm_hook=bf16")
     if "fsdp_accumulate" in row:
         out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
     return out

@@ -41,7 +41,8 @@ so their grads are summed like data parallel's.
 
 Mixed precision: bf16-mixed / fp16-mixed use a MixedPrecisionPolicy (params all-gathered and computed
 in bf16/fp16, half the all-gather bytes; grads reduce-scattered in fp32 into the fp32 sharded
-params). Autocast is not used on top: the policy already casts params and floating inputs.
+params, or in bf16 with strategy.comm_hook=bf16, half the reduce-scatter bytes). Autocast is not used
+on top: the policy already casts params and floating inputs.
 """
 from __future__ import annotations
 
@@ -54,10 +55,14 @@ from harness.strategies.base import Strategy
 MP_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
-def mixed_precision_policy(precision: str):
+def mixed_precision_policy(precision: str, comm_hook: str = "none"):
+    """Params gathered and computed in the precision's dtype; gradients reduce-scattered in fp32, or in
+    bf16 with strategy.comm_hook=bf16 (what Composer's FSDP mixed_precision PURE does: half the bytes)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     dtype = MP_DTYPES.get(precision)
+    if comm_hook == "bf16":  # as DDP's bf16 compress hook, whatever the training precision
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.bfloat16)
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
 
 
@@ -74,7 +79,7 @@ def apply_fsdp(model: torch.nn.Module, dp_mesh, run) -> torch.nn.Module:
     after tensor parallel and activation checkpointing). Returns the same module, now an FSDPModule."""
     from torch.distributed.fsdp import fully_shard
 
-    mp = mixed_precision_policy(run.workload.precision)
+    mp = mixed_precision_policy(run.workload.precision, run.strategy.comm_hook)
     for block in model.blocks.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=run.strategy.reshard_after_forward, mp_policy=mp)
     # reshard_after_forward=None: the root keeps its params gathered from forward to backward

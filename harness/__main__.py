@@ -28,8 +28,8 @@ def main() -> None:
     from harness.run import invocation, outcome, signals
 
     signals.install()  # SIGTERM/SIGINT/SIGHUP end the run in flight, record it, stop the sweep
-    status = invocation.check_invocation(sys.argv[1:])
-    if status is None:
+    status = invocation.run_invocation(sys.argv[1:], run.__wrapped__)  # a plain run: composed once, run here
+    if status is None:  # a sweep, a study or a Hydra command: Hydra's entry point
         run()
         status = outcome.exit_status()
     sys.exit(status)

@@ -117,6 +117,7 @@ def run_job(cfg: DictConfig) -> dict:
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
+    rec.start_git_probe()
     status, error, measured, env = _launch_and_collect(run, dims, run_dir, label)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}

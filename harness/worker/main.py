@@ -96,7 +96,20 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
 
+def _process_start_unix() -> float:
+    """When this process started (Linux: /proc/self/stat's start time after boot), so a run's
+    start-up can be split at the worker's own beginning; the current time where /proc is absent."""
+    try:
+        after_boot = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + after_boot
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
 def _run(run_dir: Path, rank: int) -> None:
+    stamps = {"process_start": _process_start_unix()}
     import torch
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -107,6 +120,7 @@ def _run(run_dir: Path, rank: int) -> None:
     from harness.validate import validate, num_microbatches
     from models.gpt import build_model
 
+    stamps["imported"] = time.time()
     run = to_run_config(OmegaConf.load(run_dir / rundir.CONFIG))
     dims = validate(run)
     nmb = num_microbatches(run, dims)
@@ -128,13 +142,17 @@ def _run(run_dir: Path, rank: int) -> None:
     # A collective that never completes (a lost peer) raises after this, instead of hanging.
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=max(60, run.launcher.timeout_s / 2)))
     assert dist.get_world_size() == dims.world_size, (dist.get_world_size(), dims.world_size)
+    stamps["process_group"] = time.time()
     mesh = dims.build_mesh(device.type)
+    stamps["mesh"] = time.time()
 
     rss_before_model = _current_rss_bytes()
     model = build_model(run.model, device="meta")  # the strategy shards it, then materialises its shards
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
     strategy = strategies.load(run, dims)(run, dims, mesh, device, run_dir)
+    stamps["model"] = time.time()
     strategy.setup(model)
+    stamps["strategy"] = time.time()
     host = _host_rss_at_setup(strategy, device, rss_before_model)
     if run.workload.compile:  # in place, after wrapping/sharding: the strategy keeps its module
         strategy.model.compile()
@@ -161,6 +179,8 @@ def _run(run_dir: Path, rank: int) -> None:
     # wall-clock ends of the loop, comparable with the parent's clock: a run's fixed cost (start-up
     # before the first step, collection after the last) is what the rest of its wall time is
     result["loop_start_unix"], result["loop_end_unix"] = start_unix, time.time()
+    # the worker's start-up by phase (wall-clock instants; `make bench` prints the intervals)
+    result["startup_unix"] = stamps
     result["rank"] = rank
     result["memory"].update(host)
     result["coords"] = dims.coords(rank)

@@ -12,12 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from harness.worker.main import _process_start_unix  # noqa: E402  (stdlib only: the same clock as brigade's)
+
+PROCESS_START = _process_start_unix()
+import torch  # noqa: E402
 import torch.distributed as dist
 import yaml
-from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.worker.data import global_batch  # noqa: E402
 from models.gpt import build_model  # noqa: E402
 from models.loss import cross_entropy as loss_fn  # noqa: E402
@@ -35,6 +38,7 @@ class Cfg:
 
 
 def main(steps: int, preset: str, stamps: str | None = None) -> None:
+    imported = time.time()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = Cfg(yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "model" / f"{preset}.yaml").read_text()))
@@ -53,7 +57,8 @@ def main(steps: int, preset: str, stamps: str | None = None) -> None:
                 (loss_fn(model(mb[:, :-1]), mb[:, 1:]) / n_micro).backward()
         opt.step()
     if stamps and rank == 0:
-        Path(stamps).write_text(json.dumps({"loop_start_unix": start, "loop_end_unix": time.time()}))
+        Path(stamps).write_text(json.dumps({"loop_start_unix": start, "loop_end_unix": time.time(),
+                                            "startup_unix": {"process_start": PROCESS_START, "imported": imported}}))
     dist.destroy_process_group()
 
 

@@ -8,7 +8,8 @@ torchrun script training the same model, data, world and steps with DDP and noth
 and brigade with the defaults a user gets (W&B offline, the 2-step profiled window). Each side's wall
 time is split by the loop's own wall-clock stamps into
 
-    start-up   process start -> first step    (Python, Hydra compose, validate, predict, torchrun, worker set-up)
+    start-up   process start -> first step    (Python, Hydra compose, validate, predict, torchrun, worker set-up),
+               itself split at rank 0's worker process start and at the end of its imports
     steps      first step -> last step        (warm-up + timed [+ profiled] steps)
     teardown   last step -> process exit      (gather, measurement.json, aggregation, record [+ W&B])
 
@@ -40,8 +41,10 @@ def _timed(argv: list[str], stamps) -> dict:
     subprocess.run(argv, cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     t1 = time.time()
     s = stamps()
+    up = s["startup_unix"]  # rank 0's worker: when its process started, when its imports were done
     return {"wall_s": t1 - t0, "startup_s": s["loop_start_unix"] - t0, "steps_s": s["loop_end_unix"] - s["loop_start_unix"],
-            "teardown_s": t1 - s["loop_end_unix"]}
+            "teardown_s": t1 - s["loop_end_unix"], "launch_s": up["process_start"] - t0,
+            "imports_s": up["imported"] - up["process_start"], "setup_s": s["loop_start_unix"] - up["imported"]}
 
 
 def _brigade_stamps(results_dir: Path):
@@ -51,7 +54,8 @@ def _brigade_stamps(results_dir: Path):
         assert last["status"] == "ok", last.get("error")
         ranks = json.loads((Path(last["run_dir"]) / "measurement.json").read_text())["ranks"]
         return {"loop_start_unix": min(r["loop_start_unix"] for r in ranks),
-                "loop_end_unix": max(r["loop_end_unix"] for r in ranks)}
+                "loop_end_unix": max(r["loop_end_unix"] for r in ranks),
+                "startup_unix": next(r for r in ranks if r["rank"] == 0)["startup_unix"]}
     return read
 
 
@@ -84,7 +88,8 @@ def test_harness_overhead_vs_bare_torchrun(benchmark, tmp_path):
     for k in ("bare", "lean", "defaults"):
         m = med[k]
         lines.append(f"  {k:9s} wall {m['wall_s']:6.2f} s = start-up {m['startup_s']:5.2f} + steps {m['steps_s']:5.2f} "
-                     f"+ teardown {m['teardown_s']:5.2f}")
+                     f"+ teardown {m['teardown_s']:5.2f}; start-up = launch {m['launch_s']:5.2f} (command -> "
+                     f"rank 0's process) + imports {m['imports_s']:5.2f} + set-up {m['setup_s']:5.2f} (-> first step)")
     for k in ("lean", "defaults"):
         ratio = med[k]["wall_s"] / med["bare"]["wall_s"]
         fixed = (med[k]["startup_s"] + med[k]["teardown_s"]) - (med["bare"]["startup_s"] + med["bare"]["teardown_s"])
@@ -111,5 +116,7 @@ def test_fixed_cost_of_a_tiny_single_run(benchmark, tmp_path):
     print(f"\nfixed cost of a run (model=tiny single, {WARMUP}+{STEPS} steps, logger=none, no profiled window; median "
           f"of {ROUNDS}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores): wall "
           f"{med['wall_s']:.2f} s = start-up {med['startup_s']:.2f} s (compose -> first step) + steps "
-          f"{med['steps_s']:.2f} s + teardown {med['teardown_s']:.2f} s (last step -> record, exit)")
+          f"{med['steps_s']:.2f} s + teardown {med['teardown_s']:.2f} s (last step -> record, exit); start-up = launch "
+          f"{med['launch_s']:.2f} s (command -> rank 0's process: Python, Hydra, validate, predict, torchrun) + "
+          f"imports {med['imports_s']:.2f} s + set-up {med['setup_s']:.2f} s (process group, mesh, model, strategy)")
     benchmark.extra_info.update(med)

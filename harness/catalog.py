@@ -39,6 +39,10 @@ ENGINES = ("torch", "deepspeed")
 # Element size of the low-precision copies (activations, bf16/fp16 params and grads) per precision;
 # fp32 master weights and AdamW state stay 4 bytes whatever the precision.
 PRECISION_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
+# model.attention (models/gpt.py): sdpa = a fused kernel, scores never stored; eager = scores
+# materialised, scale, mask, softmax one op each; fused_softmax = scores materialised, the scale
+# applied to q, mask + softmax in one kernel (Megatron-LM's FusedScaleMaskSoftmax)
+ATTENTIONS = ("sdpa", "eager", "fused_softmax")
 PRECISIONS = tuple(PRECISION_BYTES)
 PEAK_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}  # -> hardware peak_tflops / achievable_tflops key
 

@@ -83,8 +83,8 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
     if m.n_layers % (dims.pp * dims.vpp):
         raise ConfigError(f"n_layers {m.n_layers} not divisible by pp*vpp {dims.pp * dims.vpp} "
                           f"(pp {dims.pp} * vpp {dims.vpp})")
-    if m.attention not in ("sdpa", "eager"):
-        raise ConfigError(f"unknown model.attention '{m.attention}'; available: sdpa, eager")
+    if m.attention not in catalog.ATTENTIONS:
+        raise ConfigError(f"unknown model.attention '{m.attention}'; available: {', '.join(catalog.ATTENTIONS)}")
     if m.n_experts:
         if not 1 <= m.top_k <= m.n_experts:
             raise ConfigError(f"top_k {m.top_k} must be in 1..n_experts {m.n_experts}")

@@ -63,8 +63,12 @@ class Attention(nn.Module):
             rep = q.size(1) // k.size(1)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         T = q.size(-2)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T) materialised
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        if self.attention == "fused_softmax":  # Megatron-LM's: no pass over the scores but one kernel
+            att = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)  # (B, nh, T, T); the scale on q
+            att = torch._masked_softmax(att, (~mask).expand_as(att), -1)  # mask + softmax, one kernel
+            return F.dropout(att, p) @ v
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T) materialised
         att = F.dropout(att.masked_fill(~mask, float("-inf")).softmax(dim=-1), p)
         return att @ v
 

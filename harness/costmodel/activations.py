@@ -7,7 +7,9 @@ scores materialised:
     tensor parallel t            s*b*h*(10 + 24/t + 5*a*s/(h*t))
     tensor + sequence parallel   s*b*h*(34 + 5*a*s/h) / t
     selective recompute          drops the 5*a*s/h term;  full recompute keeps 2*s*b*h
-That is brigade's model with model.dropout > 0 and model.attention = eager, used as is in that case.
+That is brigade's model with model.dropout > 0 and model.attention = eager or fused_softmax (Megatron's
+kernel: it saves the softmax output, the dropout mask and the dropout output, 5 a s bytes per token in
+2-byte activations, as eager does), used as is in that case.
 
 brigade's default (SDPA, dropout 0, torch autocast) keeps less. Derived tensor by tensor from
 models/gpt.py (E = b*s*h elements, F = b*s*d_ff, r = 4-byte residual/LayerNorm dtype, e = matmul
@@ -109,7 +111,7 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
             core = (4 * scores + (0 if e == 4 else e * scores)) if autocast else e * scores
             if dropout > 0:
                 core += scores * (1 + e)  # mask + dropout output
-    if attention == "eager":
+    if attention != "sdpa":
         core_out += e * E / t  # transpose + reshape copies the AV output: o saves the copy
     mlp = (4 if swiglu else 2) * e * F * k / t  # GELU input, fc2 input (SwiGLU: gate, silu, up, product)
     router = (4 * b * s * n_experts + 8 * b * s * k) if n_experts else 0  # router logits + routing indices
@@ -120,7 +122,7 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
 def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str, autocast: bool = True) -> float:
     """Per-layer activation bytes for the model that runs: Korthikanti's constants where they apply
     (dropout > 0 with eager attention), brigade's derived ones otherwise."""
-    if m.dropout > 0 and m.attention == "eager" and not m.n_experts:
+    if m.dropout > 0 and m.attention != "sdpa" and not m.n_experts:
         return korthikanti_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, t, sp, recompute)
     return brigade_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, m.d_ff, t, sp, precision, m.attention,
                                m.dropout, recompute, m.top_k, m.n_experts, autocast, kv_dim(m), option(m, "mlp"),

@@ -8,6 +8,11 @@ torch.optim.AdamW, reads + writes, per token and layer (h = d_model, f = d_ff, e
   forward   ln1, ln2 (read h, write h each) 4h;  two residual adds (read 2h, write h) 6h;
             GELU (read f, write f) 2f;  eager attention also scales, masks and softmaxes the
             (a, s) scores (read + write each) 6as;  SDPA keeps its softmax in on-chip tiles.
+            fused_softmax (Megatron-LM's FusedScaleMaskSoftmax; the scale rides on q, 2h): mask +
+            softmax read and write the scores once, 2as, and with dropout its pass reads the probs and
+            writes them and a 1-byte mask, 2.5as; backward: dropout's (grad, mask in, grad out) 2.5as,
+            the softmax's (grad, output in, grad out) 3as: (2 + 2.5) + (2.5 + 3) = 10as with dropout,
+            5as without, for forward + backward, counted as a third per pass below.
   backward  each op reads its saved input and the incoming gradient and writes one gradient, and the
             residual gradients are added: twice the forward's traffic.
   => 3 * (10h + 2f [+ 6as]) elements per layer and token; full recompute runs the forward again (4x).
@@ -36,9 +41,18 @@ def layer_bytes_per_token(m, tp: int, sp: bool, e: int, e_res: int, recompute: s
     h, f, a, s = m.d_model, m.d_ff, m.n_heads, m.seq_len
     k = m.top_k if m.n_experts else 1
     rep = tp if sp else 1
-    forward = 10 * h * e_res / rep + 2 * f * k * e / tp + (6 * a * s * e / tp if m.attention == "eager" else 0)
+    forward = 10 * h * e_res / rep + 2 * f * k * e / tp + _scores_per_pass(m) * a * s * e / tp
     passes = 4 if recompute == "full" else 3
     return passes * forward
+
+
+def _scores_per_pass(m) -> float:
+    """Elements of the (a, s) scores moved per token and pass (module docstring)."""
+    if m.attention == "eager":
+        return 6.0
+    if m.attention == "fused_softmax":
+        return (10.0 if m.dropout > 0 else 5.0) / 3
+    return 0.0
 
 
 def head_bytes_per_token(m, tp: int) -> float:

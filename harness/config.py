@@ -27,7 +27,7 @@ class ModelConfig:
     vocab_size: int = MISSING
     seq_len: int = MISSING  # tokens per sequence s (also the size of the learned position table)
     dropout: float = 0.0
-    attention: str = "sdpa"  # sdpa | eager | fused_softmax (both materialise the (B, nh, T, T) scores; harness/catalog.py)
+    attention: str = "sdpa"  # sdpa | eager | fused_softmax (the last two store the (B, nh, T, T) scores; catalog.py)
     n_experts: int = 0  # 0 = dense MLP; >0 = MoE MLP with this many experts per layer
     top_k: int = 2  # experts per token (MoE only)
     capacity_factor: float = 0.0  # MoE: 0 = no capacity limit (no token dropped)

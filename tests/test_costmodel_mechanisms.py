@@ -100,7 +100,8 @@ def test_bf16_gradient_reduction_moves_half_the_gradient_bytes(tmp_path):
     from harness.validate import validate
     from tests.helpers import compose_config
 
-    ddp = {h: run(strategy("strategy=ddp", f"strategy.comm_hook={h}"))["comm_dp_bytes"] for h in ("none", "fp16", "bf16")}
+    ddp = {h: run(strategy("strategy=ddp", f"strategy.comm_hook={h}"))["comm_dp_bytes"]
+           for h in ("none", "fp16", "bf16")}
     assert ddp["bf16"] == ddp["fp16"] == pytest.approx(ddp["none"] / 2)
     fsdp = {h: run(strategy("strategy=zero3", "strategy.fsdp_accumulate=sharded", f"strategy.comm_hook={h}"))
             for h in ("none", "bf16")}

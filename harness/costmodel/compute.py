@@ -28,7 +28,11 @@ recompute, "attention multiplier 5 instead of 4" with checkpointing); recomputin
 full count, forward + backward = 3 forwards, at the GEMM rate of (s, s, h/a) shapes. Element-wise work: traffic.py's bytes / B.
 A profile without a `compute.gemm` entry for the dtype keeps one rate for every FLOP (achievable_tflops).
 Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each (both measured by
-`harness.calibrate` on a CPU; 0 on the GPU profiles, whose kernels launch asynchronously).
+`harness.calibrate` on a CPU; 0 on the GPU profiles, whose kernels launch asynchronously). With tp > 1
+each DTensor operator adds its DTensor dispatch (compute.dtensor, harness/tools/calibrate_dtensor.py):
+per micro-batch ops_per_layer x op_us per layer, and ops_outside_layers x outside_op_us (embedding, head,
+loss parallel) charged with the head to the last stage; per optimizer step the AdamW ops
+(harness/costmodel/layout.py). All of it, like the GEMMs, divides by the placement's CPU slowdown.
 """
 from __future__ import annotations
 
@@ -127,6 +131,10 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
                  "full": gemm * 4 / 3 + core + core_forward}
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
+    if pl.tp > 1:  # and a DTensor operator its DTensor dispatch; the head and loss parallel's on the last stage
+        dt = lo.hw.dtensor
+        dispatch += dt.ops_per_layer * dt.op_s * pl.slowdown
+        head += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
     layer = {c: t + dispatch * (4 / 3 if c == "full" else 1) for c, t in layer.items()}
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
     out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)

@@ -3,6 +3,8 @@ units, and the strategy knobs the formulas read. The planner builds each once an
 thousands of layouts, so nothing here depends on degrees or batch sizes."""
 from __future__ import annotations
 
+import math
+
 from harness.costmodel import comm
 from harness.costmodel.compute import GemmCurve
 from harness.costmodel import memory as mem
@@ -35,7 +37,8 @@ class Model:
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
-                 "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead")
+                 "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
+                 "corun_gemm", "corun_memory", "dtensor")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -54,7 +57,35 @@ class Hardware:
         self.op_dispatch_s = float(compute.get("op_dispatch_us", 0.0)) * 1e-6
         self.ops_per_layer = int(compute.get("ops_per_layer", 0))
         self.allocator_overhead = float(compute.get("allocator_overhead", 0.0))
+        corun = dict(compute.get("corun") or {})  # harness/tools/calibrate_corun.py; absent: 1
+        self.corun_gemm, self.corun_memory = float(corun.get("gemm", 1.0)), float(corun.get("memory", 1.0))
+        self.dtensor = DTensorDispatch.of(compute.get("dtensor"))
         return self
+
+
+class DTensorDispatch:
+    """What tensor parallelism's DTensor dispatch adds on a CPU (harness/tools/calibrate_dtensor.py):
+    seconds per DTensor operator and operators per micro-batch (a block's, and the embedding, head and
+    loss parallel's outside the blocks) and per optimizer step. Absent from a profile: all 0."""
+    __slots__ = ("op_s", "ops_per_layer", "outside_op_s", "ops_outside_layers", "optimizer_op_s",
+                 "optimizer_ops_per_layer", "optimizer_ops_outside_layers")
+
+    @classmethod
+    def of(cls, cfg) -> "DTensorDispatch":
+        cfg = dict(cfg or {})
+        self = cls()
+        self.op_s, self.outside_op_s = float(cfg.get("op_us", 0.0)) * 1e-6, float(cfg.get("outside_op_us", 0.0)) * 1e-6
+        self.optimizer_op_s = float(cfg.get("optimizer_op_us", 0.0)) * 1e-6
+        self.ops_per_layer, self.ops_outside_layers = int(cfg.get("ops_per_layer", 0)), int(cfg.get("ops_outside_layers", 0))
+        self.optimizer_ops_per_layer = int(cfg.get("optimizer_ops_per_layer", 0))
+        self.optimizer_ops_outside_layers = int(cfg.get("optimizer_ops_outside_layers", 0))
+        return self
+
+
+def _measured(fig) -> tuple:
+    """calibrate's time per message size: ((log bytes, seconds), ...) sorted by size."""
+    times = dict(fig.get("time_us_by_bytes") or {})
+    return tuple(sorted((math.log(max(float(b), 1.0)), float(t) * 1e-6) for b, t in times.items()))
 
 
 def _collective_table(collectives) -> dict:
@@ -63,7 +94,7 @@ def _collective_table(collectives) -> dict:
     for name, by_n in dict(collectives).items():
         if not hasattr(by_n, "items"):
             continue
-        table = {int(n): comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9)
+        table = {int(n): comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9, _measured(fig))
                  for n, fig in dict(by_n).items() if str(n).isdigit() and fig.get("bus_bw_GBps")}
         if table:
             out[name] = table

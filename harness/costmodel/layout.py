@@ -2,7 +2,7 @@
 checkpointing. The planner builds one per (dp, tp, pp, vpp, ep, strategy) and finishes it for every
 (micro-batch size, micro-batch count, checkpointing mode) cheaply (harness/costmodel/estimate.py).
 
-    Placement      degrees, ranks per node, the CPU time-sharing slowdown
+    Placement      degrees, ranks per node, the CPU time-sharing and co-running slowdowns
     PipelineRank   one pp rank's parameters and model states (worst dp rank), layers, ends
     PerToken       per-token (or per-sequence) activation bytes, FLOPs and element-wise bytes
     AxisLinks      the link each axis' collectives use (calibrated where measured)
@@ -34,7 +34,8 @@ class Placement:
     world: int
     n_stages: int
     ranks_per_node: int
-    slowdown: float  # CPU ranks time-sharing the cores: rate and bandwidth divide by this
+    slowdown: float  # CPU: ranks time-sharing the cores x co-running (GEMM): rates divide by this
+    mem_slowdown: float  # CPU: time-sharing x co-running (STREAM triad): memory bandwidth divides by this
 
 
 @dataclass(slots=True)
@@ -102,6 +103,7 @@ class Layout:
     grad_elems: int
     fsdp_block_bytes: float
     gemm_cache: dict = field(default_factory=dict)  # micro-batch size -> per-rank compute times
+    optimizer_dispatch_s: float = 0.0  # tp > 1 on a CPU: the optimizer step's DTensor dispatch
 
     @property
     def busiest(self) -> PipelineRank:
@@ -112,8 +114,13 @@ def placement(hw: Hardware, dp: int, tp: int, pp: int, vpp: int, ep: int, nodes:
     v = vpp if pp > 1 else 1
     world = dp * tp * pp
     rpn = ranks_per_node(hw, world, nodes)
-    slowdown = max(1.0, rpn / hw.devices_per_node) if hw.device == "cpu" else 1.0
-    return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, slowdown)
+    if hw.device != "cpu":
+        return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, 1.0, 1.0)
+    # beyond the core count ranks time-share; from 2 ranks on, every core computes at once and each
+    # runs at the rate calibrate measured with all cores busy (harness/tools/calibrate_corun.py)
+    sharing = max(1.0, rpn / hw.devices_per_node)
+    corun = (hw.corun_gemm, hw.corun_memory) if rpn > 1 else (1.0, 1.0)
+    return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, sharing * corun[0], sharing * corun[1])
 
 
 def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:
@@ -183,7 +190,12 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
     fsdp_block = pt.unsharded_elem_bytes * block_numel(md.shape, tp)
     links = axis_links(md, hw, st, pl, ranks)
     lo = Layout(md, hw, st, precision, catalog.PEAK_KEY[precision], pl, ranks, pt, links, [], rate,
-                hw.mem_bw / pl.slowdown if hw.mem_bw else 0.0, hw.device != "cpu", psi_rank,
+                hw.mem_bw / pl.mem_slowdown if hw.mem_bw else 0.0, hw.device != "cpu", psi_rank,
                 mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision), opt_traffic, psi_rank, fsdp_block)
     lo.dp_collectives = dp_collectives(lo, block_tensors(md.shape, tp, ep))
+    if tp > 1:  # AdamW (foreach=False) over DTensor shards: per parameter, on the busiest pp rank
+        dt = hw.dtensor
+        ops = max(dt.optimizer_ops_per_layer * r.layers + dt.optimizer_ops_outside_layers * (r.first or r.last)
+                  for r in ranks)
+        lo.optimizer_dispatch_s = ops * dt.optimizer_op_s * pl.slowdown
     return lo

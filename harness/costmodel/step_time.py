@@ -2,8 +2,10 @@
 
     t_mb     = one micro-batch's compute on the rank (compute.py: GEMMs, attention, element-wise)
     compute  = m * t_mb + optimizer step and gradient accumulation bytes / memory bandwidth
+               (+ the optimizer step's DTensor dispatch with tp > 1 on a CPU profile that measured it)
     bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
-    comm     = Σ α-β times per axis (comm.py, dp_comm.py)
+    comm     = Σ α-β times per axis (comm.py, dp_comm.py); tp and pp per call from calibrate's measured time
+               per message size where the profile has one (comm.call_s)
     exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
                the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
                unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind
@@ -50,7 +52,7 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
         if matmul + elementwise > slowest:
             slowest, slowest_matmul = matmul + elementwise, matmul
     optimizer_s = ((lo.optimizer_traffic_bytes + (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems)
-                   / lo.mem_bw if lo.mem_bw else 0.0)
+                   / lo.mem_bw if lo.mem_bw else 0.0) + lo.optimizer_dispatch_s
     return ComputeTime(per_rank, slowest, m * slowest_matmul, optimizer_s, m * slowest + optimizer_s)
 
 
@@ -103,9 +105,10 @@ def tp_comm(lo, mb: int, m: int) -> AxisComm:
     if link is None:
         return AxisComm(0.0, 0.0, 0.0)
     calls = m * lo.links.tp_calls_per_microbatch
-    size = calls * mb * lo.model.s * lo.model.h * lo.per_token.act_elem_bytes
+    one = mb * lo.model.s * lo.model.h * lo.per_token.act_elem_bytes
+    size = calls * one
     factor = comm.FACTOR["all_reduce"](lo.place.tp)
-    t = calls * link.alpha_s + factor * size / link.bw_Bps
+    t = calls * comm.call_s(link, "all_reduce", lo.place.tp, one)
     return AxisComm(factor * size, t, 0.0 if lo.strategy.tp_comm_overlap and lo.can_overlap else t)
 
 
@@ -115,8 +118,9 @@ def pp_comm(lo, mb: int, m: int) -> AxisComm:
         return AxisComm(0.0, 0.0, 0.0)
     one = mb * lo.model.s * lo.model.h * lo.per_token.residual_elem_bytes
     sends = lo.links.pp_sends_per_microbatch * m
-    t = sends * (link.alpha_s + one / link.bw_Bps)
-    exposed = 2 * (pl.pp - 1) * (link.alpha_s + one / link.bw_Bps) if lo.can_overlap else t
+    t_send = comm.call_s(link, "send_recv", 2, one)
+    t = sends * t_send
+    exposed = 2 * (pl.pp - 1) * t_send if lo.can_overlap else t
     return AxisComm(sends * one, t, exposed)
 
 

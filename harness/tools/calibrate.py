@@ -16,6 +16,10 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
     CPU has no bf16 units). The best over repeats -> achievable_tflops.
   - the GEMM curve and the per-operator dispatch cost (harness/tools/calibrate_compute.py) ->
     compute.gemm.<dtype>.points and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
+  - DTensor's dispatch per operator at tp 2 and the DTensor operators of a block, of the rest of the
+    model and of the AdamW step (harness/tools/calibrate_dtensor.py) -> compute.dtensor.
+  - how much slower a core computes (GEMMs) and streams memory while every core does
+    (harness/tools/calibrate_corun.py) -> compute.corun.
   - collectives on gloo, launched with torchrun at 2 and 4 ranks (--quick: 2), message sizes
     4 B ... 64 MB: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv (a ring: each rank
     sends to r+1 and receives from r-1). For a message of S bytes and time t (the slowest rank's
@@ -36,15 +40,18 @@ from pathlib import Path
 
 from harness.config import CONF_DIR
 from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
+from harness.tools import calibrate_corun, calibrate_dtensor
 from harness.tools.calibrate_compute import measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
 LOCAL = "local"  # conf/hardware/local/: this machine's calibrated profiles, ignored by git (.gitignore)
 
 FULL = {"ranks": (2, 4), "sizes": (4, 4096, 262144, 4 * 2**20, 64 * 2**20), "budget_s": 0.25,
-        "matmul_n": 1024, "matmul_reps": 12, "bf16_n": 512, "bf16_reps": 4, "triad_mib": 64, "triad_reps": 12}
+        "matmul_n": 1024, "matmul_reps": 12, "bf16_n": 512, "bf16_reps": 4, "triad_mib": 64, "triad_reps": 12,
+        "dtensor_rounds": 30, "corun_rounds": 3, "corun_window_s": 1.0}
 QUICK = {"ranks": (2,), "sizes": (4, 65536, 2**20), "budget_s": 0.05, "matmul_n": 512, "matmul_reps": 3,
-         "bf16_n": 128, "bf16_reps": 1, "triad_mib": 16, "triad_reps": 3}
+         "bf16_n": 128, "bf16_reps": 1, "triad_mib": 16, "triad_reps": 3,
+         "dtensor_rounds": 3, "corun_rounds": 1, "corun_window_s": 0.2}
 
 
 def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
@@ -91,7 +98,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
 
     console = console or Console(stderr=True)
     per_run = len(COLLECTIVES) * len(mode["sizes"])
-    steps = 4 + per_run * len(mode["ranks"])
+    steps = 6 + per_run * len(mode["ranks"])
     collectives: dict = {name_: {} for name_ in COLLECTIVES}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
@@ -103,10 +110,15 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         mem_bw = triad_GBps(mode["triad_mib"], mode["triad_reps"])
         bar.update(task, advance=1, description="GEMM sweep, dispatch")
         compute, compute_source = measure_compute(mode is QUICK)
+        bar.update(task, advance=1, description="DTensor dispatch (tp 2, fake group)")
+        compute["dtensor"] = calibrate_dtensor.measure(mode["dtensor_rounds"])
+        bar.update(task, advance=1, description=f"co-running ({base_hw['devices_per_node']} cores at once)")
+        compute["corun"] = calibrate_corun.measure(base_hw["devices_per_node"], mode["corun_rounds"],
+                                                   mode["corun_window_s"])
         bar.update(task, advance=1)
         for i, n in enumerate(mode["ranks"]):
             bar.update(task, description=f"collectives at {n} ranks")
-            base = 4 + i * per_run
+            base = 6 + i * per_run
             res = run_collectives(n, mode["sizes"], mode["budget_s"],
                                   lambda d, t, base=base: bar.update(task, completed=base + d))
             for coll, rows in res["results"].items():
@@ -149,6 +161,8 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
                                f"hardware={base_hw['name']} assumes)" if raised else "")),
             "memory_GiB": f"from hardware={base_hw['name']}",
             **compute_source,
+            "compute.dtensor": calibrate_dtensor.SOURCE.format(rounds=mode["dtensor_rounds"]),
+            "compute.corun": calibrate_corun.SOURCE.format(window_s=mode["corun_window_s"], rounds=mode["corun_rounds"]),
         },
     }
 

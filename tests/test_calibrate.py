@@ -46,6 +46,30 @@ def test_gemm_sweep_and_dispatch_are_measured():
     assert 50 < ops_per_layer() < 1000  # LayerNorms, 6 linears, SDPA, GELU, adds: forward and backward
 
 
+def test_dtensor_dispatch_is_measured_on_the_fake_group():
+    """tp 2 on torch's fake group in this process: the counts are the plan's (shape-independent), the
+    costs positive microseconds, and the process group is gone afterwards."""
+    import torch.distributed as dist
+
+    from harness.tools.calibrate_dtensor import measure
+
+    fig = measure(rounds=2)
+    assert not dist.is_initialized()
+    # a block: 6 linears (weight, bias) forward and backward, the grad hooks, the all-reduce wrappers
+    assert 20 < fig["ops_per_layer"] < 500 and fig["ops_outside_layers"] > 0, fig
+    assert fig["optimizer_ops_per_layer"] > 0 and fig["optimizer_ops_outside_layers"] >= 0, fig
+    assert all(0 <= fig[k] < 1e5 for k in ("op_us", "outside_op_us", "optimizer_op_us")), fig
+
+
+@pytest.mark.slow
+def test_corunning_is_measured_on_every_core():
+    from harness.tools.calibrate_corun import measure
+
+    fig = measure(2, rounds=1, window_s=0.1)
+    assert fig["cores"] == 2 and fig["gemm"] >= 1.0 and fig["memory"] >= 1.0, fig
+    assert measure(1) == {"cores": 1, "gemm": 1.0, "memory": 1.0}
+
+
 def test_alpha_beta_fit_of_noisy_points_stays_physical():
     """all_to_all at 2 ranks measured at load 17: the 1 MB message ran faster than the 64 KB one. The
     fit once returned B = 1e15 B/s (β clamped at 1e-15); a bandwidth no message achieved is not one."""
@@ -72,6 +96,7 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
         assert 1e-6 < prof["achievable_tflops"][dtype] <= core_peak_tflops(dtype), (dtype, prof["achievable_tflops"])
     assert 0.1 < prof["memory_bw_GBps"] < 500, prof["memory_bw_GBps"]  # one core's STREAM triad
     assert prof["compute"]["gemm"]["fp32"]["points"] and prof["compute"]["op_dispatch_us"] > 0
+    assert prof["compute"]["dtensor"]["ops_per_layer"] > 0 and prof["compute"]["corun"]["gemm"] >= 1.0
     for coll in COLLECTIVES:
         fig = prof["collectives"][coll]["2"]
         # two processes on one host move bytes through memory: no faster than one core's triad

@@ -39,7 +39,7 @@ def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> 
         "speedup_vs_one_device": speedup,
         # Karp & Flatt (1990): the serial fraction e = (1/S - 1/N) / (1 - 1/N) that this one speed-up implies
         "karp_flatt_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
-        "ranks_per_node": pl.ranks_per_node, "cpu_time_sharing_factor": pl.slowdown,
+        "ranks_per_node": pl.ranks_per_node, "cpu_time_sharing_factor": pl.slowdown, "cpu_memory_slowdown": pl.mem_slowdown,
         "achievable_flops_per_rank": lo.matmul_rate,
         "memory_family": lo.strategy.family,
         "fits_in_memory": out["peak_mem_bytes"] <= hw.memory_bytes,

@@ -1,0 +1,99 @@
+"""Pure tier: the CPU mechanisms of issue 13 item 7 that calibrate measures: DTensor dispatch under
+tensor parallelism, co-running cores, and collectives timed per message size. Each is read from the
+profile, changes only the layouts it describes, and a profile without it predicts as before."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from harness.config import as_dict, compose_run
+from harness.costmodel import comm
+from harness.costmodel.estimate import evaluate
+from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.layout import placement
+
+MD = Model.of(compose_run(["model=small"]).model)
+BASE = as_dict(compose_run(["hardware=cpu_reference"]))["hardware"]
+DTENSOR = {"op_us": 100.0, "ops_per_layer": 78, "outside_op_us": 300.0, "ops_outside_layers": 24,
+           "optimizer_op_us": 40.0, "optimizer_ops_per_layer": 54, "optimizer_ops_outside_layers": 18}
+
+
+def hardware(**compute) -> Hardware:
+    """cpu_reference with compute.<key> replaced (None: removed), and no per-size collective times
+    unless `times` is kept, so each test sees one mechanism."""
+    hw = copy.deepcopy(BASE)
+    hw["compute"] = {k: v for k, v in {**hw.get("compute", {}), **compute}.items() if v is not None}
+    return Hardware.of(_Obj(hw))
+
+
+class _Obj(dict):
+    """A profile dict read by attribute, as Hardware.of reads the composed config."""
+    def __getattr__(self, key):
+        v = self[key]
+        return _Obj(v) if isinstance(v, dict) else v
+
+
+def predict(hw, dp=1, tp=1, pp=1, strategy="single", mb=2, m=4, ckpt="none", nodes=1):
+    st = Strategy.of(compose_run([f"strategy={strategy}"]).strategy)
+    return evaluate(MD, hw, st, dp, tp, pp, 1, 1, mb, m, "fp32", ckpt, nodes=nodes, detail=False)
+
+
+def test_dtensor_dispatch_adds_ops_times_cost_to_a_tensor_parallel_step():
+    without, with_ = hardware(dtensor=None, corun=None), hardware(dtensor=DTENSOR, corun=None)
+    m = 4
+    a, b = predict(without, tp=2, strategy="tp", m=m), predict(with_, tp=2, strategy="tp", m=m)
+    per_microbatch = MD.L * 78 * 100e-6 + 24 * 300e-6  # blocks, then embedding/head/loss parallel
+    optimizer = (MD.L * 54 + 18) * 40e-6
+    assert b["compute_time_s"] - a["compute_time_s"] == pytest.approx(m * per_microbatch + optimizer, rel=1e-9)
+    assert b["step_time_s"] - a["step_time_s"] == pytest.approx(m * per_microbatch + optimizer, rel=1e-9)
+    # no DTensor without tensor parallelism: single and ddp predict the same on both profiles
+    for kw in ({}, {"dp": 2, "strategy": "ddp", "m": 2}):
+        assert predict(with_, **kw)["step_time_s"] == predict(without, **kw)["step_time_s"]
+
+
+def test_dtensor_dispatch_is_what_the_profile_measured():
+    hw = hardware(dtensor={**DTENSOR, "op_us": 200.0}, corun=None)
+    base = predict(hardware(dtensor={**DTENSOR, "op_us": 0.0}, corun=None), tp=2, strategy="tp")
+    assert predict(hw, tp=2, strategy="tp")["compute_time_s"] - base["compute_time_s"] == pytest.approx(
+        4 * MD.L * 78 * 200e-6, rel=1e-9)
+
+
+def test_corunning_slows_every_rank_of_a_busy_node_by_the_measured_factor():
+    hw = hardware(corun={"cores": 2, "gemm": 1.25, "memory": 1.5})
+    assert (placement(hw, 1, 1, 1, 1, 1, 1).slowdown, placement(hw, 1, 1, 1, 1, 1, 1).mem_slowdown) == (1.0, 1.0)
+    two = placement(hw, 2, 1, 1, 1, 1, 1)
+    assert (two.slowdown, two.mem_slowdown) == (1.25, 1.5)
+    four = placement(hw, 4, 1, 1, 1, 1, 1)  # 4 ranks on 2 cores: time-sharing x co-running
+    assert (four.slowdown, four.mem_slowdown) == (2.5, 3.0)
+    plain = hardware(corun=None)
+    assert predict(hw)["step_time_s"] == predict(plain)["step_time_s"]  # one rank: nothing co-runs
+    ddp, ddp_plain = predict(hw, dp=2, strategy="ddp", m=2), predict(plain, dp=2, strategy="ddp", m=2)
+    assert ddp_plain["compute_time_s"] * 1.25 < ddp["compute_time_s"] < ddp_plain["compute_time_s"] * 1.5
+
+
+def test_gpu_profiles_ignore_the_cpu_terms():
+    h100 = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
+    plain = Hardware.of(_Obj(h100))
+    h100["compute"] = {**h100.get("compute", {}), "corun": {"gemm": 3.0, "memory": 3.0}}
+    assert placement(Hardware.of(_Obj(h100)), 8, 1, 1, 1, 1, 1).slowdown == placement(plain, 8, 1, 1, 1, 1, 1).slowdown == 1.0
+
+
+def test_collective_time_per_call_follows_the_measured_sizes():
+    measured = ((4, 343e-6), (262144, 2313e-6), (4194304, 6046e-6))  # cpu_reference's all_reduce at 2 ranks
+    link = comm.Link(400e-6, 0.85e9, tuple((math.log(b), t) for b, t in measured))
+    assert comm.call_s(link, "all_reduce", 2, 262144) == pytest.approx(2313e-6)  # a measured size: its time
+    assert 2313e-6 < comm.call_s(link, "all_reduce", 2, 2**20) < 6046e-6  # between: interpolated in log size
+    big = 64 * 2**20  # beyond the sizes measured: the α-β fit
+    assert comm.call_s(link, "all_reduce", 2, big) == pytest.approx(400e-6 + big / 0.85e9)
+    assert comm.call_s(comm.Link(400e-6, 0.85e9), "all_reduce", 2, 262144) == pytest.approx(400e-6 + 262144 / 0.85e9)
+
+
+def test_tensor_parallel_comm_uses_the_calibrated_time_of_its_message():
+    """model=small, mb 2: each TP all-reduce moves 2 x 128 x 256 fp32 = 256 KiB, a size calibrate timed."""
+    hw = hardware(dtensor=None, corun=None)
+    out = predict(hw, tp=2, strategy="tp", m=4)
+    measured = BASE["collectives"]["all_reduce"]["2"]["time_us_by_bytes"]["262144"] * 1e-6
+    calls = 4 * (6 * MD.L + 2)  # 6 all-reduces per block, the embedding's and the head input's
+    assert out["comm_tp_time_s"] == pytest.approx(calls * measured, rel=1e-9)

@@ -59,6 +59,8 @@ def test_dtensor_dispatch_is_measured_on_the_fake_group():
     assert 20 < fig["ops_per_layer"] < 500 and fig["ops_outside_layers"] > 0, fig
     assert fig["optimizer_ops_per_layer"] > 0 and fig["optimizer_ops_outside_layers"] >= 0, fig
     assert all(0 <= fig[k] < 1e5 for k in ("op_us", "outside_op_us", "optimizer_op_us")), fig
+    sp = fig["sequence_parallel"]  # the norms and the residual stream become DTensors: more of them
+    assert sp["ops_per_layer"] > fig["ops_per_layer"], (sp, fig)
 
 
 @pytest.mark.slow

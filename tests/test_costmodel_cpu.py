@@ -60,6 +60,19 @@ def test_dtensor_dispatch_is_what_the_profile_measured():
         4 * MD.L * 78 * 200e-6, rel=1e-9)
 
 
+def test_sequence_parallel_reads_its_own_dtensor_figures():
+    """Under SP the norms and the residual stream are DTensors too: calibrate counts them apart."""
+    sp = {**DTENSOR, "ops_per_layer": 120}
+    both = hardware(dtensor={**DTENSOR, "sequence_parallel": sp}, corun=None)
+    zero = hardware(dtensor={**DTENSOR, "op_us": 0.0, "sequence_parallel": {**sp, "op_us": 0.0}}, corun=None)
+    extra = predict(both, tp=2, strategy="tp")["compute_time_s"] - predict(zero, tp=2, strategy="tp")["compute_time_s"]
+    assert extra == pytest.approx(4 * MD.L * 78 * 100e-6, rel=1e-9)  # strategy=tp: sequence_parallel false
+    st = Strategy.of(compose_run(["strategy=tp", "strategy.sequence_parallel=true"]).strategy)
+    with_sp = evaluate(MD, both, st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none", detail=False)
+    without = evaluate(MD, zero, st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none", detail=False)
+    assert with_sp["compute_time_s"] - without["compute_time_s"] == pytest.approx(4 * MD.L * 120 * 100e-6, rel=1e-9)
+
+
 def test_corunning_slows_every_rank_of_a_busy_node_by_the_measured_factor():
     hw = hardware(corun={"cores": 2, "gemm": 1.25, "memory": 1.5})
     assert (placement(hw, 1, 1, 1, 1, 1, 1).slowdown, placement(hw, 1, 1, 1, 1, 1, 1).mem_slowdown) == (1.0, 1.0)

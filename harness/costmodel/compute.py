@@ -132,7 +132,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
     if pl.tp > 1:  # and a DTensor operator its DTensor dispatch; the head and loss parallel's on the last stage
-        dt = lo.hw.dtensor
+        dt = lo.hw.dtensor.sp if lo.strategy.sp else lo.hw.dtensor
         dispatch += dt.ops_per_layer * dt.op_s * pl.slowdown
         head += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
     layer = {c: t + dispatch * (4 / 3 if c == "full" else 1) for c, t in layer.items()}

@@ -66,9 +66,10 @@ class Hardware:
 class DTensorDispatch:
     """What tensor parallelism's DTensor dispatch adds on a CPU (harness/tools/calibrate_dtensor.py):
     seconds per DTensor operator and operators per micro-batch (a block's, and the embedding, head and
-    loss parallel's outside the blocks) and per optimizer step. Absent from a profile: all 0."""
+    loss parallel's outside the blocks) and per optimizer step; `sp` the same under sequence
+    parallelism (itself where not measured apart). Absent from a profile: all 0."""
     __slots__ = ("op_s", "ops_per_layer", "outside_op_s", "ops_outside_layers", "optimizer_op_s",
-                 "optimizer_ops_per_layer", "optimizer_ops_outside_layers")
+                 "optimizer_ops_per_layer", "optimizer_ops_outside_layers", "sp")
 
     @classmethod
     def of(cls, cfg) -> "DTensorDispatch":
@@ -79,6 +80,8 @@ class DTensorDispatch:
         self.ops_per_layer, self.ops_outside_layers = int(cfg.get("ops_per_layer", 0)), int(cfg.get("ops_outside_layers", 0))
         self.optimizer_ops_per_layer = int(cfg.get("optimizer_ops_per_layer", 0))
         self.optimizer_ops_outside_layers = int(cfg.get("optimizer_ops_outside_layers", 0))
+        # with sequence parallelism (measured apart: its norms and residual stream are DTensors too)
+        self.sp = cls.of(cfg["sequence_parallel"]) if cfg.get("sequence_parallel") else self
         return self
 
 

@@ -194,7 +194,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
                 mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision), opt_traffic, psi_rank, fsdp_block)
     lo.dp_collectives = dp_collectives(lo, block_tensors(md.shape, tp, ep))
     if tp > 1:  # AdamW (foreach=False) over DTensor shards: per parameter, on the busiest pp rank
-        dt = hw.dtensor
+        dt = hw.dtensor.sp if st.sp else hw.dtensor
         ops = max(dt.optimizer_ops_per_layer * r.layers + dt.optimizer_ops_outside_layers * (r.first or r.last)
                   for r in ranks)
         lo.optimizer_dispatch_s = ops * dt.optimizer_op_s * pl.slowdown

@@ -19,8 +19,8 @@ the kernels cost microseconds, the dispatch dominates):
       outside_op_us  embedding, head and loss parallel (the 1-layer model less one block), per its ops
       optimizer_op_us  the AdamW step of the 4-layer model, per its DTensor ops
 Written to the profile as compute.dtensor = {op_us, ops_per_layer, outside_op_us, ops_outside_layers,
-optimizer_op_us, optimizer_ops_per_layer, optimizer_ops_outside_layers}; harness/costmodel/compute.py
-charges them to a layout with tp > 1.
+optimizer_op_us, optimizer_ops_per_layer, optimizer_ops_outside_layers, sequence_parallel: {the same
+with strategy.sequence_parallel=true}}; harness/costmodel/compute.py charges them to a layout with tp > 1.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ LAYERS = (1, 4)  # two depths: the difference is the blocks' share, the rest is 
 TINY = ["model=tiny", "model.seq_len=8", "model.d_model=64", "model.d_ff=128", "model.vocab_size=64", "model.n_heads=4"]
 
 
-def _build(layers: int, tp: int):
+def _build(layers: int, tp: int, sequence_parallel: bool):
     """(strategy, one micro-batch's forward + backward) on the fake group already initialised."""
     import torch
 
@@ -39,7 +39,8 @@ def _build(layers: int, tp: int):
     from harness.dims import ParallelDims
     from models.gpt import build_model
 
-    overrides = [*TINY, f"model.n_layers={layers}"] + (["strategy=tp", f"parallel.tp={tp}"] if tp > 1 else [])
+    overrides = [*TINY, f"model.n_layers={layers}"] + (
+        ["strategy=tp", f"parallel.tp={tp}", f"strategy.sequence_parallel={sequence_parallel}"] if tp > 1 else [])
     run = compose_run(overrides)
     dims = ParallelDims.from_config(run.parallel)
     st = strategies.load(run, dims)(run, dims, dims.build_mesh("cpu"), torch.device("cpu"), None)
@@ -87,7 +88,13 @@ def _best_interleaved(fns: dict, rounds: int) -> dict:
 
 
 def measure(rounds: int = 30) -> dict:
-    """compute.dtensor for this CPU (see the module docstring); tp = 2 on the fake group."""
+    """compute.dtensor for this CPU (see the module docstring), and under `sequence_parallel` the same
+    figures with sequence parallelism (its norms and residual stream are DTensors too)."""
+    return {**measure_one(rounds, False), "sequence_parallel": measure_one(rounds, True)}
+
+
+def measure_one(rounds: int, sequence_parallel: bool) -> dict:
+    """The figures for one setting of strategy.sequence_parallel; tp = 2 on the fake group."""
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -98,7 +105,7 @@ def measure(rounds: int = 30) -> dict:
         steps, ops, opt_ops = {}, {}, {}
         for layers in LAYERS:
             for tp in (1, 2):
-                st, forward_backward = _build(layers, tp)
+                st, forward_backward = _build(layers, tp, sequence_parallel)
                 if tp > 1:
                     ops[layers], opt_ops[layers] = _count(forward_backward), _count(st.optimizer_step)
                 steps["fb", layers, tp], steps["opt", layers, tp] = forward_backward, st.optimizer_step

@@ -63,6 +63,17 @@ def test_dtensor_dispatch_is_measured_on_the_fake_group():
     assert sp["ops_per_layer"] > fig["ops_per_layer"], (sp, fig)
 
 
+def test_fsdp_host_work_is_measured_on_the_fake_group():
+    import torch.distributed as dist
+
+    from harness.tools.calibrate_fsdp import measure
+
+    fig = measure(rounds=2)
+    assert not dist.is_initialized()
+    assert set(fig) == {"block_us", "outside_us", "step_block_us", "step_outside_us"}
+    assert all(0 <= v < 1e6 for v in fig.values()) and fig["block_us"] + fig["step_block_us"] > 0, fig
+
+
 @pytest.mark.slow
 def test_corunning_is_measured_on_every_core():
     from harness.tools.calibrate_corun import measure

@@ -73,6 +73,17 @@ def test_sequence_parallel_reads_its_own_dtensor_figures():
     assert with_sp["compute_time_s"] - without["compute_time_s"] == pytest.approx(4 * MD.L * 120 * 100e-6, rel=1e-9)
 
 
+def test_fsdp_host_work_is_charged_per_block_microbatch_and_step():
+    fsdp = {"block_us": 2000.0, "outside_us": 1000.0, "step_block_us": 5000.0, "step_outside_us": 1500.0}
+    with_, without = hardware(fsdp2=fsdp, corun=None), hardware(fsdp2=None, corun=None)
+    m = 2
+    a, b = predict(without, dp=2, strategy="fsdp", m=m), predict(with_, dp=2, strategy="fsdp", m=m)
+    expected = m * (MD.L * 2000e-6 + 1000e-6) + MD.L * 5000e-6 + 1500e-6
+    assert b["compute_time_s"] - a["compute_time_s"] == pytest.approx(expected, rel=1e-9)
+    for kw in ({}, {"dp": 2, "strategy": "ddp", "m": 2}, {"tp": 2, "strategy": "tp"}):  # FSDP2 shards none of these
+        assert predict(with_, **kw)["step_time_s"] == predict(without, **kw)["step_time_s"]
+
+
 def test_corunning_slows_every_rank_of_a_busy_node_by_the_measured_factor():
     hw = hardware(corun={"cores": 2, "gemm": 1.25, "memory": 1.5})
     assert (placement(hw, 1, 1, 1, 1, 1, 1).slowdown, placement(hw, 1, 1, 1, 1, 1, 1).mem_slowdown) == (1.0, 1.0)

@@ -32,7 +32,9 @@ Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each
 each DTensor operator adds its DTensor dispatch (compute.dtensor, harness/tools/calibrate_dtensor.py):
 per micro-batch ops_per_layer x op_us per layer, and ops_outside_layers x outside_op_us (embedding, head,
 loss parallel) charged with the head to the last stage; per optimizer step the AdamW ops
-(harness/costmodel/layout.py). All of it, like the GEMMs, divides by the placement's CPU slowdown.
+(harness/costmodel/layout.py). FSDP2 (family sharded) adds its measured host work per block and
+outside the blocks per micro-batch, and per optimizer step (compute.fsdp2, harness/tools/calibrate_fsdp.py).
+All of it, like the GEMMs, divides by the placement's CPU slowdown.
 """
 from __future__ import annotations
 
@@ -135,6 +137,9 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         dt = lo.hw.dtensor.sp if lo.strategy.sp else lo.hw.dtensor
         dispatch += dt.ops_per_layer * dt.op_s * pl.slowdown
         head += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
+    if lo.strategy.family == "sharded":  # FSDP2's hooks and copies around each block (calibrate_fsdp.py)
+        dispatch += lo.hw.fsdp2["block_s"] * pl.slowdown
+        head += lo.hw.fsdp2["outside_s"] * pl.slowdown
     layer = {c: t + dispatch * (4 / 3 if c == "full" else 1) for c, t in layer.items()}
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
     out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)

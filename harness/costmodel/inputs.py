@@ -38,7 +38,7 @@ class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
                  "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
-                 "corun_gemm", "corun_memory", "dtensor")
+                 "corun_gemm", "corun_memory", "dtensor", "fsdp2")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -60,6 +60,10 @@ class Hardware:
         corun = dict(compute.get("corun") or {})  # harness/tools/calibrate_corun.py; absent: 1
         self.corun_gemm, self.corun_memory = float(corun.get("gemm", 1.0)), float(corun.get("memory", 1.0))
         self.dtensor = DTensorDispatch.of(compute.get("dtensor"))
+        # FSDP2's host work per block and outside the blocks, per micro-batch and per optimizer step,
+        # seconds (harness/tools/calibrate_fsdp.py); absent: 0
+        fsdp2 = dict(compute.get("fsdp2") or {})
+        self.fsdp2 = {k[:-3] + "_s": float(fsdp2.get(k, 0.0)) * 1e-6 for k in ("block_us", "outside_us", "step_block_us", "step_outside_us")}
         return self
 
 

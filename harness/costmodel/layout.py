@@ -103,7 +103,7 @@ class Layout:
     grad_elems: int
     fsdp_block_bytes: float
     gemm_cache: dict = field(default_factory=dict)  # micro-batch size -> per-rank compute times
-    optimizer_dispatch_s: float = 0.0  # tp > 1 on a CPU: the optimizer step's DTensor dispatch
+    optimizer_dispatch_s: float = 0.0  # CPU: the optimizer step's DTensor dispatch (tp > 1), FSDP2's step work
 
     @property
     def busiest(self) -> PipelineRank:
@@ -198,4 +198,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
         ops = max(dt.optimizer_ops_per_layer * r.layers + dt.optimizer_ops_outside_layers * (r.first or r.last)
                   for r in ranks)
         lo.optimizer_dispatch_s = ops * dt.optimizer_op_s * pl.slowdown
+    if st.family == "sharded":  # FSDP2's last reduce and the step over DTensor shards (calibrate_fsdp.py)
+        f = hw.fsdp2
+        lo.optimizer_dispatch_s += max(f["step_block_s"] * r.layers + f["step_outside_s"] for r in ranks) * pl.slowdown
     return lo

@@ -17,7 +17,8 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
   - the GEMM curve and the per-operator dispatch cost (harness/tools/calibrate_compute.py) ->
     compute.gemm.<dtype>.points and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
   - DTensor's dispatch per operator at tp 2 and the DTensor operators of a block, of the rest of the
-    model and of the AdamW step (harness/tools/calibrate_dtensor.py) -> compute.dtensor.
+    model and of the AdamW step (harness/tools/calibrate_dtensor.py) -> compute.dtensor; FSDP2's host
+    work per block, micro-batch and step (harness/tools/calibrate_fsdp.py) -> compute.fsdp2.
   - how much slower a core computes (GEMMs) and streams memory while every core does
     (harness/tools/calibrate_corun.py) -> compute.corun.
   - collectives on gloo, launched with torchrun at 2 and 4 ranks (--quick: 2), message sizes
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from harness.config import CONF_DIR
 from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
-from harness.tools import calibrate_corun, calibrate_dtensor
+from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_fsdp
 from harness.tools.calibrate_compute import measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
@@ -112,6 +113,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         compute, compute_source = measure_compute(mode is QUICK)
         bar.update(task, advance=1, description="DTensor dispatch (tp 2, fake group)")
         compute["dtensor"] = calibrate_dtensor.measure(mode["dtensor_rounds"])
+        compute["fsdp2"] = calibrate_fsdp.measure(mode["dtensor_rounds"])
         bar.update(task, advance=1, description=f"co-running ({base_hw['devices_per_node']} cores at once)")
         compute["corun"] = calibrate_corun.measure(base_hw["devices_per_node"], mode["corun_rounds"],
                                                    mode["corun_window_s"])
@@ -162,6 +164,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
             "memory_GiB": f"from hardware={base_hw['name']}",
             **compute_source,
             "compute.dtensor": calibrate_dtensor.SOURCE.format(rounds=mode["dtensor_rounds"]),
+            "compute.fsdp2": calibrate_fsdp.SOURCE.format(rounds=mode["dtensor_rounds"]),
             "compute.corun": calibrate_corun.SOURCE.format(window_s=mode["corun_window_s"], rounds=mode["corun_rounds"]),
         },
     }

@@ -162,13 +162,13 @@ def start_git_probe() -> None:
 
 
 def _git_state() -> tuple[str | None, bool | None]:
+    """The probe's answers (started now if no run started one); None, None without git."""
+    if not _git_probe:
+        start_git_probe()
     procs, _git_probe[:] = list(_git_probe), []
     try:
-        if not procs:
-            procs = [subprocess.Popen(["git", "-C", str(REPO), *a], stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True) for a in _GIT]
         commit, status = (p.communicate(timeout=5)[0] for p in procs)
-    except (OSError, subprocess.SubprocessError):
+    except (ValueError, subprocess.SubprocessError):  # ValueError: no probe (git missing)
         for p in procs:
             p.kill()
         return None, None

@@ -30,8 +30,9 @@ LAYERS = (1, 4)  # two depths: the difference is the blocks' share, the rest is 
 TINY = ["model=tiny", "model.seq_len=8", "model.d_model=64", "model.d_ff=128", "model.vocab_size=64", "model.n_heads=4"]
 
 
-def _build(layers: int, tp: int, sequence_parallel: bool):
-    """(strategy, one micro-batch's forward + backward) on the fake group already initialised."""
+def tiny_strategy(overrides: list[str], microbatches: int):
+    """The worker's own strategy, set up on the fake group already initialised, for the tiny shapes and
+    `overrides`, with `microbatches` (input, target) pairs of one sequence each."""
     import torch
 
     from harness import strategies
@@ -39,14 +40,19 @@ def _build(layers: int, tp: int, sequence_parallel: bool):
     from harness.dims import ParallelDims
     from models.gpt import build_model
 
-    overrides = [*TINY, f"model.n_layers={layers}"] + (
-        ["strategy=tp", f"parallel.tp={tp}", f"strategy.sequence_parallel={sequence_parallel}"] if tp > 1 else [])
-    run = compose_run(overrides)
+    run = compose_run([*TINY, *overrides])
     dims = ParallelDims.from_config(run.parallel)
     st = strategies.load(run, dims)(run, dims, dims.build_mesh("cpu"), torch.device("cpu"), None)
     st.setup(build_model(run.model, device="meta"))
     gen = torch.Generator().manual_seed(0)
-    x, y = (torch.randint(0, run.model.vocab_size, (1, run.model.seq_len), generator=gen) for _ in range(2))
+    return st, [tuple(torch.randint(0, run.model.vocab_size, (1, run.model.seq_len), generator=gen) for _ in range(2))
+                for _ in range(microbatches)]
+
+
+def _build(layers: int, tp: int, sequence_parallel: bool):
+    """(strategy, one micro-batch's forward + backward) on the fake group already initialised."""
+    st, [(x, y)] = tiny_strategy([f"model.n_layers={layers}"] + (
+        ["strategy=tp", f"parallel.tp={tp}", f"strategy.sequence_parallel={sequence_parallel}"] if tp > 1 else []), 1)
 
     def forward_backward():
         st.backward(st.forward_loss(x, y))
@@ -118,15 +124,15 @@ def measure_one(rounds: int, sequence_parallel: bool) -> dict:
     extra = {n: t["fb", n, 2] - t["fb", n, 1] for n in LAYERS}  # the DTensor time of the whole model
     op_s = (extra[hi] - extra[lo]) / (ops[hi] - ops[lo])
     opt_per_layer = (opt_ops[hi] - opt_ops[lo]) / (hi - lo)
-    return {"op_us": _us(op_s), "ops_per_layer": round(per_layer),
-            "outside_op_us": _us((extra[lo] - per_layer * lo * op_s) / outside) if outside > 0 else 0.0,
+    return {"op_us": us(op_s), "ops_per_layer": round(per_layer),
+            "outside_op_us": us((extra[lo] - per_layer * lo * op_s) / outside) if outside > 0 else 0.0,
             "ops_outside_layers": round(outside),
-            "optimizer_op_us": _us((t["opt", hi, 2] - t["opt", hi, 1]) / opt_ops[hi]),
+            "optimizer_op_us": us((t["opt", hi, 2] - t["opt", hi, 1]) / opt_ops[hi]),
             "optimizer_ops_per_layer": round(opt_per_layer),
             "optimizer_ops_outside_layers": round(opt_ops[lo] - opt_per_layer * lo)}
 
 
-def _us(seconds: float) -> float:
+def us(seconds: float) -> float:
     """Microseconds, never below zero (a negative difference is noise: the two models took the same time)."""
     return round(max(0.0, seconds) * 1e6, 2)
 

@@ -18,26 +18,14 @@ optimizer step)}; harness/costmodel/compute.py charges them to layouts whose par
 """
 from __future__ import annotations
 
-from harness.tools.calibrate_dtensor import TINY, _best_interleaved
+from harness.tools.calibrate_dtensor import _best_interleaved, tiny_strategy, us
 
 LAYERS = (1, 4)
 
 
 def _step(layers: int, sharded: bool, microbatches: int):
-    import torch
-
-    from harness import strategies
-    from harness.config import compose_run
-    from harness.dims import ParallelDims
-    from models.gpt import build_model
-
-    run = compose_run([*TINY, f"model.n_layers={layers}"] + (["strategy=fsdp", "parallel.dp=2"] if sharded else []))
-    dims = ParallelDims.from_config(run.parallel)
-    st = strategies.load(run, dims)(run, dims, dims.build_mesh("cpu"), torch.device("cpu"), None)
-    st.setup(build_model(run.model, device="meta"))
-    gen = torch.Generator().manual_seed(0)
-    mbs = [tuple(torch.randint(0, run.model.vocab_size, (1, run.model.seq_len), generator=gen) for _ in range(2))
-           for _ in range(microbatches)]
+    st, mbs = tiny_strategy([f"model.n_layers={layers}"] + (["strategy=fsdp", "parallel.dp=2"] if sharded else []),
+                            microbatches)
     return lambda: st.train_step(mbs)
 
 
@@ -58,12 +46,8 @@ def measure(rounds: int = 20) -> dict:
     per_step = {n: extra[n, 1] - per_mb[n] for n in LAYERS}
     lo, hi = LAYERS
     block, step_block = (per_mb[hi] - per_mb[lo]) / (hi - lo), (per_step[hi] - per_step[lo]) / (hi - lo)
-    return {"block_us": _us(block), "outside_us": _us(per_mb[lo] - lo * block),
-            "step_block_us": _us(step_block), "step_outside_us": _us(per_step[lo] - lo * step_block)}
-
-
-def _us(seconds: float) -> float:
-    return round(max(0.0, seconds) * 1e6, 1)
+    return {"block_us": us(block), "outside_us": us(per_mb[lo] - lo * block),
+            "step_block_us": us(step_block), "step_outside_us": us(per_step[lo] - lo * step_block)}
 
 
 SOURCE = ("dp = 2 on torch's fake process group, one thread, tiny shapes: best of {rounds} interleaved train_steps "

@@ -66,3 +66,53 @@ def test_composer_pure_rows_reduce_in_bf16():
     assert [(r["source"], r["model"]) for r in pure] == [("mpt_a100", "mpt_70b")] * 2
     for r in rows:
         assert ("strategy.comm_hook=bf16" in published.overrides(r, models[r["model"]])) == (r in pure)
+
+
+def test_llama_rows_map_to_the_llama_architecture_and_gpt_rows_do_not_change():
+    """torchtitan's Llama 3.1 8B: RMSNorm, SwiGLU at d_ff 14336, RoPE, 8 kv heads, V 128256; the GPT rows keep
+    d_ff = 4h and brigade's GPT defaults (no Llama key in their overrides)."""
+    models, rows = published.load()
+    compose = published.caching_compose()
+    llama = next(r for r in rows if r["source"] == "torchtitan_h100")
+    m = compose(published.overrides(llama, models[llama["model"]])).model
+    assert (m.norm, m.mlp, m.position, m.n_kv_heads, m.d_ff, m.vocab_size, m.rope_theta, m.tie_embeddings) == \
+        ("rmsnorm", "swiglu", "rope", 8, 14336, 128256, 500000.0, False)
+    for r in rows:
+        if r["source"] != "torchtitan_h100":
+            ovr = published.overrides(r, models[r["model"]])
+            assert f"model.d_ff={4 * models[r['model']]['d_model']}" in ovr
+            assert not any(o.startswith(tuple(f"model.{k}=" for k in published.LLAMA_KEYS)) for o in ovr), r
+
+
+def test_memory_summary_is_computed_from_the_rows_that_publish_memory():
+    """torchtitan publishes max reserved GiB: each such row compares it with the predicted tensors' peak plus
+    the named allocator term, and the memory summary is the median / p90 / worst of those rows' errors."""
+    import statistics
+
+    from harness.costmodel import published_memory
+
+    results = published.run_all(source="torchtitan_h100")
+    _, rows = published.load()
+    with_mem = [r for r in rows if r["source"] == "torchtitan_h100"]
+    assert len(with_mem) == len(results) >= 4
+    for res, row in zip(results, with_mem):
+        assert res["memory_metric"] == "max_reserved_GiB"
+        assert res["published_mem_GiB"] == row["published_mem_GiB"]
+        assert res["predicted_mem_GiB"] == pytest.approx(res["predicted_tensors_GiB"] + res["predicted_allocator_GiB"])
+        assert res["predicted_mem_GiB"] == pytest.approx(res["predicted_peak_mem_GiB"])
+        assert res["mem_ratio"] == pytest.approx(res["predicted_mem_GiB"] / res["published_mem_GiB"])
+    summary = published_memory.memory_groups(results)
+    assert set(summary) == {"held_out", "torchtitan_h100"}
+    errs = [100 * abs(r["mem_ratio"] - 1) for r in results]
+    assert summary["held_out"]["n"] == len(results)
+    assert summary["held_out"]["median_abs_err_pct"] == pytest.approx(statistics.median(errs))
+    assert abs(summary["held_out"]["worst_err_pct"]) == pytest.approx(max(errs))
+
+
+def test_command_prints_the_memory_table_and_summary_apart_from_throughput(capsys):
+    assert published.main(["--source", "torchtitan_h100"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("throughput (tokens/s per GPU)") < out.index("memory summary")
+    assert out.count("max_reserved_GiB") >= 4
+    assert published.main(["--source", "korthikanti2022"]) == 0
+    assert "no row here publishes per-GPU memory" in capsys.readouterr().out

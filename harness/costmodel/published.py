@@ -20,7 +20,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from harness.costmodel.published_memory import memory_fields, memory_groups, print_memory
+from harness.costmodel.published_memory import quantile as _quantile
+
 DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
+LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta")  # model fields a source may set
 
 
 def load(path: Path = DATA) -> tuple[dict, list[dict]]:
@@ -36,6 +40,8 @@ def load(path: Path = DATA) -> tuple[dict, list[dict]]:
                 row["zero"] = src["zero_of_sharding"][row["sharding"]]
             row.update(source=key, index=i, half=src["half"], hardware=src["hardware"], metric=src["metric"],
                        precision=src["precision"], cite=src["cite"])
+            if "memory_metric" in src:  # what the source's memory column measured (published_memory.py)
+                row["memory_metric"] = src["memory_metric"]
             rows.append(row)
     return doc["models"], rows
 
@@ -82,7 +88,7 @@ def overrides(row: dict, model: dict) -> list[str]:
     dp = row["gpus"] // (tp * pp)
     out = [f"hardware={row['hardware']}", "model=gpt_7b", f"model.name={row['model']}",
            f"model.n_layers={model['n_layers']}", f"model.d_model={model['d_model']}",
-           f"model.n_heads={model['n_heads']}", f"model.d_ff={4 * model['d_model']}",
+           f"model.n_heads={model['n_heads']}", f"model.d_ff={model.get('d_ff', 4 * model['d_model'])}",
            f"model.vocab_size={model['vocab_size']}", f"model.seq_len={row['seq_len']}",
            f"model.dropout={row.get('dropout', 0.0)}", f"model.attention={row.get('attention', 'sdpa')}",
            f"model.loss={row.get('loss', 'fp32')}",
@@ -90,6 +96,9 @@ def overrides(row: dict, model: dict) -> list[str]:
            f"workload.global_batch_size={row['global_batch']}",
            f"workload.micro_batch_size={row['micro_batch_size']}", f"workload.precision={row['precision']}",
            f"workload.activation_checkpointing={row['activation_checkpointing']}", "logger=none"]
+    out += [f"model.{k}={model[k]}" for k in LLAMA_KEYS if k in model]  # the GPT defaults where absent
+    if "compile" in row:  # recorded as run; the cost model has no term for it
+        out.append(f"workload.compile={str(bool(row['compile'])).lower()}")
     return out + strategy_overrides(row)
 
 
@@ -107,7 +116,8 @@ def predict_row(row: dict, model: dict, compose) -> dict:
             "predicted_tokens_per_s_per_gpu": predicted, "ratio": predicted / published,
             "predicted_peak_mem_GiB": pred["peak_mem_bytes"] / 1024**3,
             "device_memory_GiB": pred["device_memory_bytes"] / 1024**3,
-            "fits_in_memory": pred["fits_in_memory"], "predicted_mfu_pct": pred["mfu_pct"]}
+            "fits_in_memory": pred["fits_in_memory"], "predicted_mfu_pct": pred["mfu_pct"],
+            **memory_fields(row, pred)}
 
 
 def layout_label(row: dict) -> str:
@@ -116,7 +126,7 @@ def layout_label(row: dict) -> str:
     strat = row.get("sharding") or f"zero{row.get('zero', 0)} {row.get('engine', 'torch')}"
     sp = " sp" if row.get("sequence_parallel") else ""
     return (f"{strat} dp{dp} tp{tp} pp{pp}{sp} s{row['seq_len']} mb{row['micro_batch_size']} "
-            f"gbs{row['global_batch']} {row['activation_checkpointing']}")
+            f"gbs{row['global_batch']} {row['activation_checkpointing']}{' compile' if row.get('compile') else ''}")
 
 
 def caching_compose():
@@ -142,7 +152,11 @@ def caching_compose():
 
 
 def _typed(current, value: str):
-    return type(current)(value) if current is not None and not isinstance(current, str) else value
+    if isinstance(current, bool):
+        return value.lower() == "true"
+    if current is None:  # Optional[int] fields (model.n_kv_heads)
+        return int(value) if value.lstrip("-").isdigit() else value
+    return type(current)(value) if not isinstance(current, str) else value
 
 
 def summarise(results: list[dict]) -> dict:
@@ -155,14 +169,6 @@ def summarise(results: list[dict]) -> dict:
             "geomean_ratio": math.exp(sum(math.log(r["ratio"]) for r in results) / len(results)),
             "within_15_pct": sum(abs(r["ratio"] - 1) <= 0.15 for r in results),
             "predicted_oom": sum(not r["fits_in_memory"] for r in results)}
-
-
-def _quantile(sorted_xs: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = q * (len(sorted_xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
 def run_all(half: str | None = None, source: str | None = None) -> list[dict]:
@@ -191,7 +197,7 @@ def print_report(results: list[dict]) -> None:
             print(f"{name:<20} {s['n']:>4} {s['median_abs_err_pct']:>13.1f} {s['p90_abs_err_pct']:>10.1f} "
                   f"{s['worst_err_pct']:>+8.1f} {s['geomean_ratio']:>8.2f} {s['within_15_pct']:>6} "
                   f"{s['predicted_oom']:>4}  {s['worst']}")
-    print("memory: no source here publishes per-GPU memory; OOM counts runs that ran but are predicted not to fit")
+    print_memory(results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
         print(json.dumps({h: summarise([r for r in results if r["half"] == h])
                           for h in ("fitting", "held_out") if any(r["half"] == h for r in results)}))
+        print(json.dumps({"memory": memory_groups(results)}))
     else:
         print_report(results)
     return 0

@@ -15,8 +15,8 @@ GEMM (M, N, K) in dtype of e bytes, on a profile with a `compute.gemm.<dtype>` c
     output tiles leaves units idle (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
     wave quantization), with the tile (tm, tn) and unit count (SMs) of the profile;
     or, for a measured sweep (`points`: [GEMM FLOPs, TFLOP/s] pairs), R(2MNK) interpolated in log FLOPs.
-Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gpt.py: q, k, v, o,
-fc1, fc2 separate nn.Linear): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
+Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gpt.py: q, k, v, o and
+the MLP's matrices, separate nn.Linear; k and v n_kv_heads x head_dim wide under GQA): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
 (T, in, out) and the weight gradient (out, in, T) per projection; full recompute runs the forward again.
 Attention core (QK^T, AV): under model.attention=sdpa with a profile's `attention_efficiency` (a fused
 causal kernel, e.g. FlashAttention), the causal half of flops.py's 4 s h per token runs at that
@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from harness.costmodel.params import MLP_MATRICES
 
 
 @dataclass(slots=True)
@@ -94,11 +96,19 @@ def training_gemms(m: float, n: float, k: float) -> tuple:
     return ((m, n, k), (m, k, n), (n, k, m))
 
 
+def layer_projections(md, tp: int, tokens: float) -> list:
+    """Forward (M, N, K) of each projection of one dense layer's tp shard, in models/gpt.py's order:
+    q (h, h), k and v (kv, h) with kv = n_kv_heads x head_dim (GQA), o (h, h), then the MLP's matrices
+    (params.MLP_MATRICES: GELU fc1, fc2; SwiGLU gate, up, down), column-parallel in, row-parallel out."""
+    h, f, kv = md.h, md.d_ff, md.shape[8]
+    mlp = [(tokens, f / tp, h) if d_ff_in == 0 else (tokens, h, f / tp) for _, d_ff_in in MLP_MATRICES[md.shape[9]]]
+    return [(tokens, h / tp, h), (tokens, kv / tp, h), (tokens, kv / tp, h), (tokens, h, h / tp)] + mlp
+
+
 def layer_gemm_time(md, tp: int, tokens: float, curve: GemmCurve, e: int, mem_bw: float, slowdown: float) -> float:
     """Forward + backward GEMMs of one dense layer's tp shard for `tokens` tokens."""
-    h, f = md.h, md.d_ff
-    shapes = [(tokens, h / tp, h)] * 3 + [(tokens, h, h / tp), (tokens, f / tp, h), (tokens, h, f / tp)]
-    return sum(gemm_time(curve, *g, e, mem_bw, slowdown) for s in shapes for g in training_gemms(*s))
+    return sum(gemm_time(curve, *g, e, mem_bw, slowdown) for s in layer_projections(md, tp, tokens)
+               for g in training_gemms(*s))
 
 
 @dataclass(slots=True)

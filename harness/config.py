@@ -83,6 +83,11 @@ class StrategyConfig:
     # Tensor parallel
     sequence_parallel: bool = False
     loss_parallel: bool = True
+    # Megatron-Core's overlaps, priced by the cost model only: brigade's runtime has none of them, so a run
+    # that sets one is refused at launch (harness/validate_layouts.py); the published set predicts with them
+    tp_comm_overlap: bool = False  # TP collectives pipelined with the GEMMs (--tp-comm-overlap; needs sequence_parallel)
+    overlap_grad_reduce: bool = False  # distributed optimizer: reduce-scatter in buckets during the last backward
+    overlap_param_gather: bool = False  # distributed optimizer: all-gather in buckets during the next forward
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES
     # DeepSpeed

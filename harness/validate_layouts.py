@@ -42,6 +42,7 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
     if distributed and run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs a loss scaler that unscales and checks every rank's grads; the "
                           "distributed optimizer steps a flat slice it does not coordinate: use bf16-mixed or fp32")
+    _validate_megatron_overlaps(s, dims, distributed, torch_runs)
     if s.fsdp_accumulate not in FSDP_ACCUMULATE:
         raise ConfigError(f"unknown fsdp_accumulate '{s.fsdp_accumulate}'; available: {', '.join(FSDP_ACCUMULATE)}")
     if s.fsdp_accumulate != "unsharded" and not runs_fsdp(s):
@@ -77,3 +78,21 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
         if dims.tp > 1 and s.sequence_parallel:
             raise ConfigError(f"cp {dims.cp} with sequence_parallel is not supported: both would split the "
                               f"sequence dimension (set strategy.sequence_parallel=false)")
+
+
+def _validate_megatron_overlaps(s, dims: ParallelDims, distributed: bool, torch_runs: bool) -> None:
+    """Megatron-Core's overlap knobs: meaningful only where Megatron accepts them, and priced, not run."""
+    if s.tp_comm_overlap and not (dims.tp > 1 and s.sequence_parallel):
+        raise ConfigError(f"strategy.tp_comm_overlap overlaps sequence parallelism's all-gathers / reduce-scatters "
+                          f"with the GEMMs: it needs tp > 1 (tp {dims.tp}) and strategy.sequence_parallel=true "
+                          f"(got {str(s.sequence_parallel).lower()}), as Megatron-Core asserts")
+    for knob in ("overlap_grad_reduce", "overlap_param_gather"):
+        if getattr(s, knob) and not distributed:
+            raise ConfigError(f"strategy.{knob} overlaps the distributed optimizer's collectives: it needs "
+                              f"strategy=zero1 with zero1_impl=distributed or 3d with dp_shard=zero1")
+    on = [k for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather") if getattr(s, k)]
+    if torch_runs and on:
+        raise ConfigError(f"strategy.{', strategy.'.join(on)}: Megatron-Core's overlaps, which the cost model prices "
+                          f"(docs/published.md) but brigade's runtime does not implement (its distributed optimizer "
+                          f"reduces and gathers after the backward, its TP collectives run between the GEMMs): set "
+                          f"them false to run")

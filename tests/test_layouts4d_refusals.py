@@ -42,6 +42,22 @@ def test_refusals_show_the_arithmetic(tmp_path):
         tmp_path, "strategy=3d", "parallel.cp=2", "parallel.tp=2", "launcher.nproc_per_node=2")
 
 
+def test_megatron_overlap_knobs_are_priced_not_run(tmp_path):
+    """tp_comm_overlap / overlap_grad_reduce / overlap_param_gather: refused where Megatron-Core refuses
+    them, and refused at launch everywhere (brigade's runtime has none; the published set predicts them)."""
+    assert "needs tp > 1 (tp 1)" in refusal(tmp_path, "strategy=ddp", "parallel.dp=2", "strategy.tp_comm_overlap=true")
+    assert "strategy.sequence_parallel=true (got false)" in refusal(
+        tmp_path, "strategy=3d", "parallel.tp=2", "strategy.tp_comm_overlap=true")
+    assert "needs strategy=zero1 with zero1_impl=distributed" in refusal(
+        tmp_path, "strategy=ddp", "parallel.dp=2", "strategy.overlap_grad_reduce=true")
+    msg = refusal(tmp_path, "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.dp_shard=zero1",
+                  "strategy.sequence_parallel=true", "strategy.tp_comm_overlap=true", "strategy.overlap_param_gather=true")
+    assert "strategy.tp_comm_overlap, strategy.overlap_param_gather" in msg and "does not implement" in msg
+    run = to_run_config(compose_config(["model=tiny", "strategy=zero1", "parallel.dp=2", "strategy.zero1_impl=distributed",
+                                        "strategy.overlap_grad_reduce=true"], tmp_path))
+    assert validate(run, torch_runs=False).dp == 2
+
+
 def test_4d_and_cp_layouts_validate(tmp_path):
     for overrides in (["strategy=3d", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2",
                        "parallel.pp=2", "strategy.dp_shard=ddp"],

@@ -78,7 +78,7 @@ def test_llama_rows_map_to_the_llama_architecture_and_gpt_rows_do_not_change():
     assert (m.norm, m.mlp, m.position, m.n_kv_heads, m.d_ff, m.vocab_size, m.rope_theta, m.tie_embeddings) == \
         ("rmsnorm", "swiglu", "rope", 8, 14336, 128256, 500000.0, False)
     for r in rows:
-        if r["source"] != "torchtitan_h100":
+        if not any(k in models[r["model"]] for k in (*published.LLAMA_KEYS, "d_ff")):  # the GPT-2/3 rows
             ovr = published.overrides(r, models[r["model"]])
             assert f"model.d_ff={4 * models[r['model']]['d_model']}" in ovr
             assert not any(o.startswith(tuple(f"model.{k}=" for k in published.LLAMA_KEYS)) for o in ovr), r
@@ -116,3 +116,41 @@ def test_command_prints_the_memory_table_and_summary_apart_from_throughput(capsy
     assert out.count("max_reserved_GiB") >= 4
     assert published.main(["--source", "korthikanti2022"]) == 0
     assert "no row here publishes per-GPU memory" in capsys.readouterr().out
+
+
+def test_megatron_core_convention_converts_tflops_to_tokens():
+    """Megatron-LM's num_floating_point_operations (no recompute, full attention): the README's 1.7B row,
+    408.8 TFLOP/s per GPU, is 41 % of H100's 989.4 as the table says, and 36.26 k tokens/s per GPU."""
+    models, rows = published.load()
+    row = next(r for r in rows if r["source"] == "megatron_core_h100" and r["model"] == "mcore_1_7b")
+    m = models["mcore_1_7b"]
+    s, l, h, V = 4096, 24, 2048, 131072
+    per_sequence = 12 * s * l * h * h * (2 + s / h + 4 + V / (2 * l * h))
+    assert published.published_tokens_per_s_per_gpu(row, m) == pytest.approx(408.8e12 * s / per_sequence)
+    assert published.published_tokens_per_s_per_gpu(row, m) == pytest.approx(36259, abs=1)
+    assert round(100 * 408.8 / 989.4) == 41
+
+
+def test_megatron_core_rows_carry_their_overlaps_and_are_refused_at_launch():
+    """The README's runs overlapped TP and the distributed optimizer's collectives: the rows map to the
+    cost-model knobs of those names (tp_comm_overlap only where tp > 1, as Megatron asserts sequence
+    parallelism for it), and brigade's runtime, which has none of them, refuses such a config."""
+    from harness.dims import ConfigError
+    from harness.validate import validate
+
+    models, rows = published.load()
+    compose = published.caching_compose()
+    mcore = [r for r in rows if r["source"] == "megatron_core_h100"]
+    assert len(mcore) == 6 and all(r["half"] == "fitting" and r["hardware"] == "h100_sxm" for r in mcore)
+    for r in mcore:
+        ovr = published.overrides(r, models[r["model"]])
+        assert "strategy.overlap_grad_reduce=true" in ovr and "strategy.overlap_param_gather=true" in ovr
+        assert ("strategy.tp_comm_overlap=true" in ovr) == (r["tp"] > 1)
+        assert "model.bias=true" in ovr and "model.d_ff=%d" % (4 * models[r["model"]]["d_model"]) in ovr
+        run = compose(ovr)
+        validate(run, torch_runs=False)
+        with pytest.raises(ConfigError, match="does not implement"):
+            validate(run)
+    others = [r for r in rows if r["source"] != "megatron_core_h100"]
+    assert not any("overlap" in o for r in others for o in published.overrides(r, models[r["model"]])
+                   if o.startswith("strategy.") and "ds.overlap_comm" not in o)

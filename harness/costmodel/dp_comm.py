@@ -9,8 +9,8 @@ transformer blocks, G = its gradient bytes (after any comm hook), m = micro-batc
     distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1; family "distributed" of
         harness/catalog.py): one flat reduce-scatter of G after the backward, each rank steps its 1/n,
         one all-gather of Ψ after the step (harness/strategies/distributed_optimizer.py overlaps
-        neither; Megatron's overlap_grad_reduce / overlap_param_gather would be backward_last /
-        next_forward);
+        neither); Megatron-Core's overlap_grad_reduce / overlap_param_gather (strategy knobs of those
+        names, cost model only) make them backward_last / next_forward;
     FSDP2 / ZeRO-3, fsdp_accumulate=unsharded (brigade's default, harness/strategies/fsdp.py keeps
         params gathered and grads unsharded between micro-batches): all-gather the blocks' params in
         forward and again in backward, m + 1 times over m micro-batches (once with
@@ -70,8 +70,9 @@ def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes:
         return [DpOp("all_reduce", g, 0.0, "backward_last")]
     if fam == "zero1_torch":
         return [DpOp("all_reduce", g, 0.0, "backward_last"), DpOp("broadcast", p, 0.0, "after_step")]
-    if fam == "distributed":
-        return [DpOp("reduce_scatter", g, 0.0, "after_step"), DpOp("all_gather", p, 0.0, "after_step")]
+    if fam == "distributed":  # Megatron-Core's --overlap-grad-reduce / --overlap-param-gather, where set
+        return [DpOp("reduce_scatter", g, 0.0, "backward_last" if st.overlap_grad_reduce else "after_step"),
+                DpOp("all_gather", p, 0.0, "next_forward" if st.overlap_param_gather else "after_step")]
     if fam == "sharded":
         return _fsdp_ops(st, p, g, p if block_param_bytes is None else block_param_bytes)
     # DeepSpeed 0.19 stages 1 and 2 all-reduce each gradient bucket and keep their partition of it

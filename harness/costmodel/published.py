@@ -24,7 +24,7 @@ from harness.costmodel.published_memory import memory_fields, memory_groups, pri
 from harness.costmodel.published_memory import quantile as _quantile
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
-LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta")  # model fields a source may set
+LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta", "tie_embeddings", "bias")  # model fields a source may set
 
 
 def load(path: Path = DATA) -> tuple[dict, list[dict]]:
@@ -57,6 +57,12 @@ def published_tokens_per_s_per_gpu(row: dict, model: dict) -> float:
         l, h, V = model["n_layers"], model["d_model"], model["vocab_size"]
         flops = 96 * gbs * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
         return row["published"] * 1e12 * gbs * s / flops
+    if row["metric"] == "megatron_core_tflops_per_gpu":  # Megatron-LM's num_floating_point_operations (no recompute)
+        l, h, V, a = model["n_layers"], model["d_model"], model["vocab_size"], model["n_heads"]
+        kv, d_ff = model.get("n_kv_heads") or a, model.get("d_ff", 4 * h)
+        gated = 1.5 if model.get("mlp") == "swiglu" else 1.0
+        per_sequence = 12 * s * l * h * h * ((1 + kv / a + s / h) + d_ff / h * gated + V / (2 * l * h))
+        return row["published"] * 1e12 * s / per_sequence
     raise ValueError(f"unknown metric {row['metric']!r} in {row['source']} row {row['index']}")
 
 
@@ -80,7 +86,16 @@ def strategy_overrides(row: dict) -> list[str]:
         out.append("strategy.comm_hook=bf16")
     if "fsdp_accumulate" in row:
         out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
+    if "zero1_impl" in row and catalog.strategy(name).states == "zero1_torch":  # 3d's dp_shard=zero1 is it already
+        out.append(f"strategy.zero1_impl={row['zero1_impl']}")
+    for knob in MEGATRON_OVERLAPS:  # Megatron-Core's overlaps, where the source names them (docs/published.md)
+        if knob in row and (knob != "tp_comm_overlap" or tp > 1):
+            out.append(f"strategy.{knob}={str(bool(row[knob])).lower()}")
     return out
+
+
+# Megatron-Core's overlap flags a row may carry, as brigade's strategy knobs of the same name
+MEGATRON_OVERLAPS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
 
 
 def overrides(row: dict, model: dict) -> list[str]:
@@ -96,7 +111,8 @@ def overrides(row: dict, model: dict) -> list[str]:
            f"workload.global_batch_size={row['global_batch']}",
            f"workload.micro_batch_size={row['micro_batch_size']}", f"workload.precision={row['precision']}",
            f"workload.activation_checkpointing={row['activation_checkpointing']}", "logger=none"]
-    out += [f"model.{k}={model[k]}" for k in LLAMA_KEYS if k in model]  # the GPT defaults where absent
+    out += [f"model.{k}={str(model[k]).lower() if isinstance(model[k], bool) else model[k]}"
+            for k in LLAMA_KEYS if k in model]  # the GPT defaults where absent
     if "compile" in row:  # recorded as run; the cost model has no term for it
         out.append(f"workload.compile={str(bool(row['compile'])).lower()}")
     return out + strategy_overrides(row)
@@ -124,7 +140,7 @@ def layout_label(row: dict) -> str:
     tp, pp = row["tp"], row["pp"]
     dp = row["gpus"] // (tp * pp)
     strat = row.get("sharding") or f"zero{row.get('zero', 0)} {row.get('engine', 'torch')}"
-    sp = " sp" if row.get("sequence_parallel") else ""
+    sp = " sp" if row.get("sequence_parallel") and row["tp"] > 1 else ""
     return (f"{strat} dp{dp} tp{tp} pp{pp}{sp} s{row['seq_len']} mb{row['micro_batch_size']} "
             f"gbs{row['global_batch']} {row['activation_checkpointing']}{' compile' if row.get('compile') else ''}")
 

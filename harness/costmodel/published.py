@@ -88,6 +88,8 @@ def strategy_overrides(row: dict) -> list[str]:
         out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
     if "zero1_impl" in row and catalog.strategy(name).states == "zero1_torch":  # 3d's dp_shard=zero1 is it already
         out.append(f"strategy.zero1_impl={row['zero1_impl']}")
+    if "bucket_cap_mb" in row:  # the gradient buckets the source's engine used (docs/published_runs.yaml)
+        out.append(f"strategy.bucket_cap_mb={row['bucket_cap_mb']}")
     for knob in MEGATRON_OVERLAPS:  # Megatron-Core's overlaps, where the source names them (docs/published.md)
         if knob in row and (knob != "tp_comm_overlap" or tp > 1):
             out.append(f"strategy.{knob}={str(bool(row[knob])).lower()}")

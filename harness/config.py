@@ -58,6 +58,7 @@ class DeepSpeedKnobs:
     stage3_param_persistence_threshold: int = 0  # DeepSpeed default 1e5 keeps small params whole; 0 shows full sharding
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000  # keep a param gathered if reused within this many elements
     cpu_adam: bool = False  # offload with DeepSpeedCPUAdam (needs prebuilt ops); False = client torch AdamW
     wall_clock_breakdown: bool = False  # DeepSpeed's own timers, recorded under measured.deepspeed
     comms_logger: bool = False  # DeepSpeed's comms logger, recorded under measured.deepspeed

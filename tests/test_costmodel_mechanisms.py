@@ -33,6 +33,33 @@ def test_sharded_accumulation_holds_nothing_between_microbatches_and_moves_more(
     assert sharded["comm_dp_bytes"] == pytest.approx(4 * one["comm_dp_bytes"])
 
 
+def test_deepspeed_zero3_gathers_again_only_what_it_released():
+    """DeepSpeed keeps a module's params gathered from forward to backward when the modules after it hold
+    fewer than stage3_max_reuse_distance / 2 elements (harness/costmodel/ds_zero3.py)."""
+    from harness.costmodel.ds_zero3 import gathered_elements
+    from harness.costmodel.params import model_shape, params_total
+
+    cfg = compose_run(["model=gpt_7b"]).model
+    shape, total = model_shape(cfg), params_total(cfg)
+    fwd, again, kept = gathered_elements(shape, 0, 0)  # distance 0: every module released after forward
+    assert (fwd, again, kept) == (total, total, 0)
+    fwd, again, kept = gathered_elements(shape, 10**12, 0)  # beyond the model: nothing gathered twice
+    assert (fwd, again, kept) == (total, 0, total)
+    fwd, again, kept = gathered_elements(shape, 10**9, 0)  # DeepSpeed's default on 6.7B: the last ~0.5e9 kept
+    head = cfg.vocab_size * cfg.d_model
+    assert fwd == total and again + kept == total and head <= kept < 5 * 10**8 + cfg.d_model * cfg.d_ff
+    # tensors of at most the persistence threshold are never partitioned, so never gathered: here the
+    # LayerNorms' weights and biases (gpt_7b has no linear biases), 2 per block and ln_f
+    fwd_p, _, _ = gathered_elements(shape, 10**9, 10**5)
+    assert not cfg.bias and fwd_p == total - (2 * cfg.n_layers + 1) * 2 * cfg.d_model
+
+    st = {d: strategy("strategy=zero3", "strategy.engine=deepspeed", f"strategy.ds.stage3_max_reuse_distance={d}")
+          for d in (0, 10**12)}
+    one, twice = run(st[10**12], m=1, precision="fp32"), run(st[0], m=1, precision="fp32")
+    assert one["comm_dp_bytes"] == pytest.approx(twice["comm_dp_bytes"] * 2 / 3)  # (Ψ + G) / (2Ψ + G), Ψ = G
+    assert one["fsdp_unsharded_bytes"] == 4 * total and twice["fsdp_unsharded_bytes"] == 0
+
+
 def test_deepspeed_prefetch_bucket_bounds_the_overlap():
     """ZeRO-3 can only prefetch stage3_prefetch_bucket_size elements ahead: a tiny bucket exposes the gathers."""
     big = strategy("strategy=zero3", "strategy.engine=deepspeed", "strategy.ds.stage3_prefetch_bucket_size=1000000000")

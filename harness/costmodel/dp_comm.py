@@ -19,8 +19,9 @@ transformer blocks, G = its gradient bytes (after any comm hook), m = micro-batc
     FSDP, fsdp_accumulate=sharded (reduce-scatter every micro-batch, as Composer / FSDP1 without
         no_sync): per micro-batch Ψ + Ψ_blocks gathered (Ψ under zero2) and G reduce-scattered;
     DeepSpeed: stage 0 all-reduce; 1: all-reduce (each rank keeps its partition) + all-gather;
-        2: all-reduce every micro-batch + all-gather; 3: all-gather twice + reduce-scatter every
-        micro-batch.
+        2: all-reduce every micro-batch + all-gather; 3: every micro-batch an all-gather in forward, a
+        second in backward of what its coordinator released after forward (ds_zero3.py: on a model
+        smaller than half of stage3_max_reuse_distance, nothing) and a reduce-scatter.
 Overlap mechanisms (harness/costmodel/step_time.py turns each into exposed time):
     backward_last   gradient buckets reduced during the last micro-batch's backward; the last bucket waits
     backward_each   reduced during every micro-batch's backward; the last bucket waits
@@ -35,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness import catalog
-from harness.costmodel import comm
+from harness.costmodel import comm, ds_zero3
 
 
 @dataclass(slots=True)
@@ -61,8 +62,10 @@ class DpCollective:
     prefetch_fraction: float = 1.0  # of one unit's gather that can be in flight ahead of its compute
 
 
-def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes: float | None = None) -> list[DpOp]:
-    """The dp axis' collectives of one rank for a strategy (inputs.Strategy) over n ranks."""
+def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes: float | None = None,
+           ds_gathers: float = 2.0) -> list[DpOp]:
+    """The dp axis' collectives of one rank for a strategy (inputs.Strategy) over n ranks. ds_gathers:
+    DeepSpeed ZeRO-3's gathered elements per micro-batch over the parameters (ds_zero3.py; 2 = the paper's)."""
     if n <= 1:
         return []
     fam, stage, p, g = st.family, st.zero_stage, param_bytes, grad_bytes
@@ -82,7 +85,7 @@ def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes:
         return [DpOp("all_reduce", g, 0.0, "backward_last"), DpOp("all_gather", p, 0.0, "after_step")]
     if stage == 2:
         return [DpOp("all_reduce", 0.0, g, "backward_each"), DpOp("all_gather", p, 0.0, "after_step")]
-    return [DpOp("all_gather", 0.0, 2 * p, "prefetch"), DpOp("reduce_scatter", 0.0, g, "backward_each")]
+    return [DpOp("all_gather", 0.0, ds_gathers * p, "prefetch"), DpOp("reduce_scatter", 0.0, g, "backward_each")]
 
 
 def _fsdp_ops(st, p: float, g: float, blocks: float) -> list[DpOp]:
@@ -123,11 +126,15 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
     # dense params inside the blocks (FSDP re-gathers only those per micro-batch)
     block_p = param_elem * busiest.layers * sum(c * d0 * r for c, d0, r, k in block_groups if k == "dense")
     bucket = st.ds_buckets[0] * grad_elem if st.ds_buckets else st.bucket_bytes
+    ds_gathers = 2.0
+    if st.ds_reuse:  # DeepSpeed 3 has no tp/pp/ep here: the busiest rank holds the whole model
+        forward, again, _ = ds_zero3.gathered_elements(lo.model.shape, *st.ds_reuse)
+        ds_gathers = (forward + again) / max(1, busiest.numel)
     out = []
     for n, pb, gb, blk in ((pl.dp, dense_p, dense_g, block_p), (pl.dp // pl.ep, expert_p, expert_g, expert_p)):
         if n <= 1 or (pb == 0 and gb == 0):
             continue
-        for op in dp_ops(st, n, pb, gb, blk):
+        for op in dp_ops(st, n, pb, gb, blk, ds_gathers):
             link = comm.collective_link(lo.hw, op.collective, n, n * pl.tp <= pl.ranks_per_node)
             bucketed = op.mechanism in ("backward_last", "backward_each", "next_forward")
             units = busiest.layers + 1

@@ -111,7 +111,7 @@ def _collective_table(collectives) -> dict:
 class Strategy:
     """The strategy knobs the cost model reads."""
     __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
-                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "uses_ddp", "autocast",
+                 "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
                  "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
 
     @classmethod
@@ -137,6 +137,9 @@ class Strategy:
                          if s.engine == "deepspeed" else ())
         self.ds_buckets = ((s.ds.reduce_bucket_size, s.ds.stage3_prefetch_bucket_size, s.ds.stage3_max_live_parameters)
                            if s.engine == "deepspeed" else None)
+        # ZeRO-3's (reuse distance, persistence threshold): which params it gathers again (ds_zero3.py)
+        self.ds_reuse = ((getattr(s.ds, "stage3_max_reuse_distance", 10**9), s.ds.stage3_param_persistence_threshold)
+                         if s.engine == "deepspeed" and s.zero_stage == 3 else None)
         # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
         self.uses_ddp = self.family in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and

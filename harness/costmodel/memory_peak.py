@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness import catalog
 from harness.costmodel import activations as act
+from harness.costmodel import ds_zero3
 from harness.costmodel import memory as mem
 
 
@@ -42,6 +44,8 @@ def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str) -> float:
 
 def fsdp_held_bytes(lo, rank, m: int) -> float:
     st = lo.strategy
+    if st.ds_reuse and lo.place.dp > 1:  # DeepSpeed ZeRO-3 keeps these gathered from forward to backward
+        return catalog.PRECISION_BYTES[lo.precision] * ds_zero3.gathered_elements(lo.model.shape, *st.ds_reuse)[2]
     if st.family != "sharded" or lo.place.dp <= 1:
         return 0.0
     full = lo.per_token.unsharded_elem_bytes * rank.numel

@@ -48,7 +48,8 @@ def zero_section(run) -> dict:
     if s.zero_stage == 3:
         zero.update(stage3_param_persistence_threshold=ds.stage3_param_persistence_threshold,
                     stage3_prefetch_bucket_size=ds.stage3_prefetch_bucket_size,
-                    stage3_max_live_parameters=ds.stage3_max_live_parameters)
+                    stage3_max_live_parameters=ds.stage3_max_live_parameters,
+                    stage3_max_reuse_distance=ds.stage3_max_reuse_distance)
     if s.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu"}
     if s.offload == "optimizer+params":

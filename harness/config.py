@@ -127,6 +127,7 @@ class WorkloadConfig:
 class LinkConfig:
     bus_bw_GBps: float = MISSING  # achievable bus bandwidth, nccl-tests definition, GB/s (1e9 B/s)
     latency_us: float = MISSING  # per-collective start-up latency (alpha), microseconds
+    nics_per_node: int = 1  # inter_node: NICs a node's rings can spread over (bus_bw_GBps is one NIC's)
 
 
 @dataclass

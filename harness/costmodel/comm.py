@@ -55,14 +55,23 @@ def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
     return link.alpha_s + FACTOR[collective](n) * msg_bytes / link.bw_Bps
 
 
-def collective_link(hw, collective: str, n: int, intra: bool) -> Link:
-    """The calibrated figure for this collective at the nearest measured group size (intra-node
-    only: calibration runs on one machine), else the hardware's intra/inter-node link."""
-    table = hw.collectives.get(MEASURED_AS.get(collective, collective)) if intra else None
-    if table:
-        best = min(table, key=lambda k: (abs(k - n), -k))
-        return table[best]
-    return hw.intra if intra else hw.inter
+def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: int) -> Link:
+    """The link of a collective over n ranks `stride` apart in rank order. Within a node: the
+    calibrated figure at the nearest measured group size (calibration runs on one machine), else the
+    intra-node link. Across nodes: NCCL builds one ring per channel and spreads the channels over the
+    node's NICs, so a group with g ranks on each node drives min(g, NICs) of them at once: its bus
+    bandwidth is that many times one NIC's (inter_node.bus_bw_GBps), up to the intra-node link's
+    (NCCL src/graph/tuning.cc: ring bus bandwidth = channels x per-channel speed; docs/published.md)."""
+    if n * stride <= ranks_per_node:
+        table = hw.collectives.get(MEASURED_AS.get(collective, collective))
+        if table:
+            best = min(table, key=lambda k: (abs(k - n), -k))
+            return table[best]
+        return hw.intra
+    nics = min(max(1, min(n, ranks_per_node // max(1, stride))), hw.nics_per_node)
+    if nics <= 1:
+        return hw.inter
+    return Link(hw.inter.alpha_s, min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps))
 
 
 def time_s(link: Link, collective: str, n: int, size_bytes: float, calls: float) -> float:

@@ -135,7 +135,7 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
         if n <= 1 or (pb == 0 and gb == 0):
             continue
         for op in dp_ops(st, n, pb, gb, blk, ds_gathers):
-            link = comm.collective_link(lo.hw, op.collective, n, n * pl.tp <= pl.ranks_per_node)
+            link = comm.collective_link(lo.hw, op.collective, n, pl.tp, pl.ranks_per_node)
             bucketed = op.mechanism in ("backward_last", "backward_each", "next_forward")
             units = busiest.layers + 1
             ahead = (min(1.0, st.ds_buckets[1] * param_elem / (pb / units))

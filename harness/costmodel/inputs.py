@@ -36,7 +36,7 @@ class Model:
 
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
-    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter",
+    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter", "nics_per_node",
                  "collectives", "mem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
                  "corun_gemm", "corun_memory", "dtensor", "fsdp2")
 
@@ -49,6 +49,7 @@ class Hardware:
         self.rate = {**self.peak, **{k: v * 1e12 for k, v in dict(hw.achievable_tflops).items()}}
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
+        self.nics_per_node = int(getattr(hw.inter_node, "nics_per_node", None) or 1)  # absent: one
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = _collective_table(hw.collectives or {})
         compute = dict(getattr(hw, "compute", None) or {})

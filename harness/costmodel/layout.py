@@ -161,7 +161,7 @@ def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToke
 
 def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list) -> AxisLinks:
     def link(coll, n, stride):
-        return comm.collective_link(hw, coll, n, stride * n <= pl.ranks_per_node)
+        return comm.collective_link(hw, coll, n, stride, pl.ranks_per_node)
 
     # Per layer: params.tp_block_collectives (6 all-reduces for a GELU MLP, 7 for SwiGLU; 4 all-reduce
     # equivalents with sequence parallel; the profiled window counted 6 per layer on model=tiny).

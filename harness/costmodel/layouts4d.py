@@ -56,7 +56,7 @@ def hsdp_replicate_bytes(grad_shard_bytes: float, replicate: int, reductions: in
 
 
 def _link(hw, coll: str, n: int, stride: int, ranks_per_node: int):
-    return comm.collective_link(hw, coll, n, stride * n <= ranks_per_node)
+    return comm.collective_link(hw, coll, n, stride, ranks_per_node)
 
 
 def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:

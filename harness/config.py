@@ -113,7 +113,7 @@ class WorkloadConfig:
     micro_batch_size: int = 2  # sequences per forward/backward on one rank
     num_microbatches: Optional[int] = None  # per rank per step; None = global / (dp * micro)
     precision: str = "fp32"  # fp32 | bf16-mixed | fp16-mixed
-    activation_checkpointing: str = "none"  # none | selective (attention core) | full (whole block)
+    activation_checkpointing: str = "none"  # none | selective (attention core) | full (whole block) | selective_op (models/checkpointing.py)
     warmup_steps: int = 3  # excluded from every statistic
     steps: int = 10  # timed steps (statistics need at least 10)
     profile_steps: int = 2  # profiled steps, after and apart from the timed ones (0 = none)

@@ -11,7 +11,7 @@ from harness.dims import ConfigError, ParallelDims
 from harness.domains import check_domains
 from harness.validate_layouts import validate_layouts
 
-CHECKPOINTING = ("none", "selective", "full")
+CHECKPOINTING = ("none", "selective", "full", "selective_op")
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
 MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),
                  "loss": ("fp32", "chunked")}  # loss: models/loss.py LOSSES
@@ -104,6 +104,8 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
     if w.activation_checkpointing not in CHECKPOINTING:
         raise ConfigError(f"unknown activation_checkpointing '{w.activation_checkpointing}'; "
                           f"available: {', '.join(CHECKPOINTING)}")
+    if w.activation_checkpointing == "selective_op":
+        _validate_selective_op(run, dims)
     if w.steps < 1 or w.warmup_steps < 0:
         raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
 
@@ -253,3 +255,17 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
             raise ConfigError("strategy.ds.cpu_adam=true but this DeepSpeed install has no prebuilt cpu_adam op: "
                               "it would JIT-compile DeepSpeedCPUAdam (~280 s on a 2-core CPU); install DeepSpeed "
                               "with DS_BUILD_CPU_ADAM=1, or keep cpu_adam=false (a client torch AdamW on the host)")
+
+
+def _validate_selective_op(run, dims) -> None:
+    """selective_op (models/checkpointing.py) is torchtitan's op policy for a dense block without biases
+    under a fused attention kernel; elsewhere its saved set differs from what the cost model counts."""
+    m, s = run.model, run.strategy
+    why = [f"model.attention={m.attention} (needs sdpa: the saved kernel output)" if m.attention != "sdpa" else "",
+           f"model.n_experts={m.n_experts} (needs a dense MLP)" if m.n_experts else "",
+           "model.bias=true (its projections run addmm, not the mm the policy counts)" if m.bias else "",
+           f"strategy.engine={s.engine} (DeepSpeed checkpoints its own way)" if s.engine != "torch" else "",
+           f"parallel.cp={dims.cp} (the context-parallel core is not one fused kernel)" if dims.cp > 1 else ""]
+    why = [w for w in why if w]
+    if why:
+        raise ConfigError("activation_checkpointing=selective_op cannot run with " + "; ".join(why))

@@ -26,8 +26,9 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
+from models.checkpointing import selective_op_context
 from models.layers import apply_rope, make_mlp, make_norm
 from models.moe import MoE
 
@@ -120,11 +121,14 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self.checkpoint_blocks = False
+        self.checkpoint_context = noop_context_fn
         self.positions = None  # the token positions this rank holds under context parallel; None: 0..T-1
 
     def set_activation_checkpointing(self, mode: str) -> None:
-        """none | selective (attention core recomputed) | full (each block recomputed)."""
-        self.checkpoint_blocks = mode == "full"
+        """none | selective (attention core recomputed) | full (each block recomputed) | selective_op (each
+        block checkpointed, every other matmul's and the attention kernel's outputs kept: models/checkpointing.py)."""
+        self.checkpoint_blocks = mode in ("full", "selective_op")
+        self.checkpoint_context = selective_op_context if mode == "selective_op" else noop_context_fn
         for block in self.blocks.values():
             block.attn.checkpoint_core = mode == "selective"
 
@@ -141,7 +145,7 @@ class GPT(nn.Module):
             x = self.drop(x)
         for block in self.blocks.values():
             if self.checkpoint_blocks and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, use_reentrant=False, context_fn=self.checkpoint_context)
             else:
                 x = block(x)
         if self.ln_f is not None:

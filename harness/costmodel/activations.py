@@ -39,6 +39,11 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
   Selective recompute (checkpointed attention core) drops the core's internals (scores, logsumexp);
   full recompute keeps each block's input (r*E, /t under SP) plus one block's activations while
   it is recomputed.
+  selective_op (models/checkpointing.py, torchtitan's op policy; SDPA, dense, no biases) keeps each
+  block's input r*E/rep and the outputs of the 1st, 3rd, ... matmul and of the attention kernel:
+  q e*E/t, v e*E*kv/(h t), fc1 or gate e*F/t, SwiGLU's down e*E (a row-parallel matmul's local output
+  is whole), the kernel's output e*E/t and logsumexp 4*b*a*s/t; while one block is recomputed, what
+  `none` keeps beyond that (memory_peak.py).
 Last stage: ln_f input r*E, head input, and what the loss (models/loss.py, `model.loss`) keeps.
   Per token, e the logits' dtype (4 in fp32, 2 under bf16/fp16), c = model.loss_chunk_tokens:
     fp32     held forward -> backward: the log_softmax output 4*V/t (fp32); at the loss: its gradient
@@ -90,6 +95,8 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     k = top_k if n_experts else 1
     kv = h if kv is None else kv
     swiglu = mlp == "swiglu"
+    if recompute == "selective_op":  # block input + q, v, fc1/gate, (down) outputs + the kernel's output, lse
+        return r * E / rep + e * E * (2 + kv / h) / t + e * F / t + (e * E if swiglu else 0) + 4 * b * a * s / t
     if norm == "rmsnorm":
         ln = 2 * (2 * r * E + 4 * b * s) / rep  # ln1, ln2: input, x*rstd, rstd
     else:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.costmodel.params import MLP_MATRICES
+from harness.costmodel.params import MLP_MATRICES, SELECTIVE_OP_RECOMPUTED, block_projections
 
 
 @dataclass(slots=True)
@@ -100,9 +100,10 @@ def layer_projections(md, tp: int, tokens: float) -> list:
     """Forward (M, N, K) of each projection of one dense layer's tp shard, in models/gpt.py's order:
     q (h, h), k and v (kv, h) with kv = n_kv_heads x head_dim (GQA), o (h, h), then the MLP's matrices
     (params.MLP_MATRICES: GELU fc1, fc2; SwiGLU gate, up, down), column-parallel in, row-parallel out."""
-    h, f, kv = md.h, md.d_ff, md.shape[8]
-    mlp = [(tokens, f / tp, h) if d_ff_in == 0 else (tokens, h, f / tp) for _, d_ff_in in MLP_MATRICES[md.shape[9]]]
-    return [(tokens, h / tp, h), (tokens, kv / tp, h), (tokens, kv / tp, h), (tokens, h, h / tp)] + mlp
+    mlp = md.shape[9]
+    row_parallel = [False, False, False, True] + [d_ff_in == 1 for _, d_ff_in in MLP_MATRICES[mlp]]
+    return [(tokens, out, k / tp) if row else (tokens, out / tp, k)
+            for row, (out, k) in zip(row_parallel, block_projections(md.h, md.shape[8], md.d_ff, mlp))]
 
 
 def layer_gemm_time(md, tp: int, tokens: float, curve: GemmCurve, e: int, mem_bw: float, slowdown: float) -> float:
@@ -138,9 +139,9 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         layer = {c: tokens * pt.layer_flops[c] / lo.matmul_rate for c in pt.layer_flops}
         head = tokens * pt.head_flops / lo.matmul_rate
     else:
-        gemm, (core, core_forward), head = _shape_times(lo, tokens, curve)
+        gemm, (core, core_forward), head, op_recompute = _shape_times(lo, tokens, curve)
         layer = {"none": gemm + core, "selective": gemm + core + core_forward,
-                 "full": gemm * 4 / 3 + core + core_forward}
+                 "full": gemm * 4 / 3 + core + core_forward, "selective_op": gemm + core + op_recompute}
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
     if pl.tp > 1:  # and a DTensor operator its DTensor dispatch; the head and loss parallel's on the last stage
@@ -150,7 +151,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     if lo.strategy.family == "sharded":  # FSDP2's hooks and copies around each block (calibrate_fsdp.py)
         dispatch += lo.hw.fsdp2["block_s"] * pl.slowdown
         head += lo.hw.fsdp2["outside_s"] * pl.slowdown
-    layer = {c: t + dispatch * (4 / 3 if c == "full" else 1) for c, t in layer.items()}
+    layer = {c: t + dispatch * (4 / 3 if c in ("full", "selective_op") else 1) for c, t in layer.items()}
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
     out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)
     lo.gemm_cache[mb] = out
@@ -160,8 +161,9 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
 _SHAPE_TIMES: dict = {}  # the planner meets the same (shape, tp, tokens) in many layouts
 
 
-def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple[float, float, float]:
-    """(one layer's GEMMs, its attention core, the head's GEMMs) for `tokens` tokens, seconds."""
+def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple:
+    """(one layer's GEMMs, its attention core, the head's GEMMs, the forward GEMMs selective_op recomputes)
+    for `tokens` tokens, seconds."""
     md, pl, pt = lo.model, lo.place, lo.per_token
     key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.half_ridge, md.shape,
            md.cfg.attention, lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype), pl.tp, tokens,
@@ -172,7 +174,9 @@ def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple[float, float, flo
         gemm = layer_gemm_time(md, pl.tp, tokens, curve, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
         head = sum(gemm_time(curve, *g, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
                    for g in training_gemms(tokens, md.V / pl.tp, md.h))
-        _SHAPE_TIMES[key] = (gemm, _core_time(lo, tokens, curve), head)
+        recompute = sum(gemm_time(curve, *g, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
+                        for g in layer_projections(md, pl.tp, tokens)[SELECTIVE_OP_RECOMPUTED])
+        _SHAPE_TIMES[key] = (gemm, _core_time(lo, tokens, curve), head, recompute)
     return _SHAPE_TIMES[key]
 
 

@@ -17,7 +17,7 @@ GQA this is exactly Megatron's formula (checked in tests).
 """
 from __future__ import annotations
 
-from harness.costmodel.params import MLP_MATRICES, kv_dim, option
+from harness.costmodel.params import MLP_MATRICES, SELECTIVE_OP_RECOMPUTED, block_projections, kv_dim, option
 
 
 def layer_forward_flops_per_token(model) -> float:
@@ -32,6 +32,12 @@ def layer_forward_flops_per_token(model) -> float:
 def attention_core_flops_per_token(model) -> float:
     """QK^T and AV, forward, per token (what selective recompute runs again)."""
     return 4 * model.seq_len * model.d_model
+
+
+def selective_op_recompute_flops_per_token(model) -> float:
+    """Forward FLOPs of the projections selective_op recomputes (params.SELECTIVE_OP_RECOMPUTED), per token."""
+    shapes = block_projections(model.d_model, kv_dim(model), model.d_ff, option(model, "mlp"))
+    return sum(2 * out * k for out, k in shapes[SELECTIVE_OP_RECOMPUTED])
 
 
 def head_forward_flops_per_token(model) -> float:
@@ -56,6 +62,8 @@ def hardware_flops_per_step(model, global_batch_size: int, activation_checkpoint
         return f + (forward_flops_per_token(model) - 2 * model.d_model * model.vocab_size) * tokens
     if activation_checkpointing == "selective":
         return f + model.n_layers * 4 * model.seq_len * model.d_model * tokens
+    if activation_checkpointing == "selective_op":
+        return f + model.n_layers * selective_op_recompute_flops_per_token(model) * tokens
     return f
 
 

@@ -9,7 +9,7 @@ from harness.costmodel import comm
 from harness.costmodel.compute import GemmCurve
 from harness.costmodel import memory as mem
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
-                                     layer_forward_flops_per_token)
+                                     layer_forward_flops_per_token, selective_op_recompute_flops_per_token)
 from harness.costmodel.params import model_shape, params_total
 
 
@@ -17,7 +17,7 @@ class Model:
     """A model config with per-token FLOPs precomputed. Short names follow the papers' notation:
     L layers, h = d_model, a heads, V vocabulary, s sequence length, E experts, k = top_k."""
     __slots__ = ("cfg", "shape", "L", "h", "a", "d_ff", "V", "s", "E", "k", "params_total",
-                 "layer_flops", "core_flops", "head_flops")
+                 "layer_flops", "core_flops", "head_flops", "op_recompute_flops")
 
     @classmethod
     def of(cls, m) -> "Model":
@@ -31,6 +31,7 @@ class Model:
         self.layer_flops = layer_forward_flops_per_token(m)
         self.core_flops = attention_core_flops_per_token(m)
         self.head_flops = head_forward_flops_per_token(m)
+        self.op_recompute_flops = selective_op_recompute_flops_per_token(m)
         return self
 
 

@@ -21,7 +21,7 @@ from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
 from harness.costmodel.params import block_numel, block_tensors, numel, option, rank_inventory, tp_block_collectives
 
-CHECKPOINTING = ("none", "selective", "full")
+CHECKPOINTING = ("none", "selective", "full", "selective_op")
 
 
 @dataclass(slots=True)
@@ -149,9 +149,10 @@ def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToke
         head_activation_bytes=act.head_bytes(md.s, 1, md.h, md.V, tp, True, loss, e),
         logits_bytes=act.loss_grad_bytes(md.s, md.V, tp, loss, e),
         loss=loss, loss_chunk_tokens=option(cfg, "loss_chunk_tokens"),
-        # forward+backward FLOPs per token of one layer (x3; full recompute x4; selective + the core)
+        # forward+backward FLOPs per token of one layer (x3; full recompute x4; selective + the core;
+        # selective_op + every other projection's forward)
         layer_flops={"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
-                     "full": 4 * md.layer_flops / tp},
+                     "full": 4 * md.layer_flops / tp, "selective_op": (3 * md.layer_flops + md.op_recompute_flops) / tp},
         head_flops=3 * md.head_flops / tp,
         layer_traffic_bytes={c: traffic.layer_bytes_per_token(cfg, tp, st.sp, e, e_res, c) for c in CHECKPOINTING},
         head_traffic_bytes=traffic.head_bytes_per_token(cfg, tp),

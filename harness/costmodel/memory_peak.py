@@ -65,6 +65,8 @@ def transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
         out = max(out, 3 * lo.fsdp_block_bytes)  # this unit's and the prefetched unit's params + its grads
     if ckpt == "full":
         out = max(out, pt.layer_activation_bytes["none"] * mb)  # one block while it is recomputed
+    elif ckpt == "selective_op":  # what one block's recompute materialises beyond what it kept
+        out = max(out, (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb)
     return out
 
 

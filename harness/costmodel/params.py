@@ -36,6 +36,16 @@ from models.tp_plan import PLAN, SHARDED_DIM, role_of
 
 ROW_PARALLEL = ("o", "fc2", "down")  # their bias is replicated; a column-parallel bias is split
 MLP_MATRICES = {"gelu": (("fc1", 0), ("fc2", 1)), "swiglu": (("gate", 0), ("up", 0), ("down", 1))}  # (name, in = d_ff dim)
+# selective_op (models/checkpointing.py) keeps every other matmul's output, the 1st, 3rd, ...: the
+# projections it recomputes in backward are the 2nd, 4th, ... of block_projections' list (k, o, and fc2
+# or SwiGLU's up)
+SELECTIVE_OP_RECOMPUTED = slice(1, None, 2)
+
+
+def block_projections(h: int, kv: int, d_ff: int, mlp: str) -> list:
+    """(out, in) features of each projection of a dense block, in models/gpt.py's call order: q, k, v, o,
+    then the MLP's matrices (MLP_MATRICES)."""
+    return [(h, h), (kv, h), (kv, h), (h, h)] + [(d_ff, h) if i == 0 else (h, d_ff) for _, i in MLP_MATRICES[mlp]]
 
 @functools.lru_cache(maxsize=None)
 def tp_block_collectives(mlp: str, sp: bool) -> dict:

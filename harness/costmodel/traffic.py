@@ -42,7 +42,7 @@ def layer_bytes_per_token(m, tp: int, sp: bool, e: int, e_res: int, recompute: s
     k = m.top_k if m.n_experts else 1
     rep = tp if sp else 1
     forward = 10 * h * e_res / rep + 2 * f * k * e / tp + _scores_per_pass(m) * a * s * e / tp
-    passes = 4 if recompute == "full" else 3
+    passes = 4 if recompute in ("full", "selective_op") else 3  # selective_op reruns every element-wise op
     return passes * forward
 
 

@@ -154,3 +154,14 @@ def test_megatron_core_rows_carry_their_overlaps_and_are_refused_at_launch():
     others = [r for r in rows if r["source"] != "megatron_core_h100"]
     assert not any("overlap" in o for r in others for o in published.overrides(r, models[r["model"]])
                    if o.startswith("strategy.") and "ds.overlap_comm" not in o)
+
+
+def test_torchtitan_rows_run_its_op_level_checkpointing_and_fit_their_gpu():
+    """torchtitan's tables say selective AC with the toml's option 'op': brigade's selective_op, not its
+    attention-core `selective` (which keeps every activation under SDPA and does not fit 95 GiB)."""
+    models, rows = published.load()
+    tt = [r for r in rows if r["source"] == "torchtitan_h100"]
+    assert tt and all("workload.activation_checkpointing=selective_op" in published.overrides(r, models[r["model"]])
+                      for r in tt)
+    results = published.run_all(source="torchtitan_h100")
+    assert all(r["fits_in_memory"] and r["device_memory_GiB"] == 95.0 for r in results)

@@ -151,7 +151,7 @@ def test_megatron_core_rows_carry_their_overlaps_and_are_refused_at_launch():
         validate(run, torch_runs=False)
         with pytest.raises(ConfigError, match="does not implement"):
             validate(run)
-    others = [r for r in rows if r["source"] != "megatron_core_h100"]
+    others = [r for r in rows if r["source"] not in ("megatron_core_h100", "torchtitan_h100_tp")]  # the latter: below
     assert not any("overlap" in o for r in others for o in published.overrides(r, models[r["model"]])
                    if o.startswith("strategy.") and "ds.overlap_comm" not in o)
 
@@ -165,3 +165,22 @@ def test_torchtitan_rows_run_its_op_level_checkpointing_and_fit_their_gpu():
                       for r in tt)
     results = published.run_all(source="torchtitan_h100")
     assert all(r["fits_in_memory"] and r["device_memory_GiB"] == 95.0 for r in results)
+
+
+def test_torchtitan_async_tp_rows_price_tp_overlap_and_are_refused_at_launch():
+    """torchtitan's async TP (micro-pipelined TP collectives under the matmuls) maps to the cost model's
+    tp_comm_overlap, on the async rows only; brigade's runtime has no async TP and refuses it."""
+    from harness.dims import ConfigError
+    from harness.validate import validate
+
+    models, rows = published.load()
+    compose = published.caching_compose()
+    tp_rows = [r for r in rows if r["source"] == "torchtitan_h100_tp"]
+    assert sorted(r["tp_comm_overlap"] for r in tp_rows) == [False, False, True, True]
+    for r in tp_rows:
+        ovr = published.overrides(r, models[r["model"]])
+        assert f"strategy.tp_comm_overlap={str(r['tp_comm_overlap']).lower()}" in ovr
+        assert not any(o.startswith(("strategy.overlap_grad_reduce", "strategy.overlap_param_gather")) for o in ovr)
+        if r["tp_comm_overlap"]:
+            with pytest.raises(ConfigError, match="does not implement"):
+                validate(compose(ovr))

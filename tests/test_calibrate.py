@@ -38,7 +38,7 @@ def test_alpha_beta_fit_recovers_a_line():
 def test_gemm_sweep_and_dispatch_are_measured():
     from harness.tools.calibrate_compute import gemm_sweep, op_dispatch_us, ops_per_layer
 
-    sweep = gemm_sweep("fp32", quick=True, reps=1)
+    sweep = gemm_sweep("fp32", quick=True, rounds=1, window_s=0.0)
     flops = [f for f, _ in sweep["points"]]
     assert flops == sorted(flops) and len(flops) == 4
     assert sweep["max_tflops"] == max(r for _, r in sweep["points"]) > 0

@@ -9,13 +9,14 @@ profile of the machine this repository's reference figures come from.
 
 What is measured (the methods of all_reduce_bench and mamf-finder in stas00/ml-engineering, nccl-tests
 definitions; the collectives part is harness/tools/calibrate_collectives.py):
-  - memory bandwidth of one device: STREAM triad a = b + s*c on one thread -> memory_bw_GBps (the
-    cost model's memory-bound work: element-wise ops, gradient accumulation, AdamW).
+  - memory bandwidth of one device: STREAM triad a = b + s*c on one thread, the median of repeats ->
+    memory_bw_GBps (the cost model's memory-bound work: element-wise ops, gradient accumulation, AdamW).
   - matmul rate of one device: an (n x n) @ (n x n) product, 2n^3 FLOP, on one thread (a CPU device
     is one core: launch/local.py runs one thread per rank); fp32, and bf16 briefly (slow where the
     CPU has no bf16 units). The best over repeats -> achievable_tflops.
-  - the GEMM curve and the per-operator dispatch cost (harness/tools/calibrate_compute.py) ->
-    compute.gemm.<dtype>.points and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
+  - the GEMM curve, sustained (an nn.Linear's three training GEMMs per shape, the median of interleaved
+    rounds of several calls each), and the per-operator dispatch cost (harness/tools/calibrate_compute.py)
+    -> compute.gemm.<dtype>.points and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
   - DTensor's dispatch per operator at tp 2 and the DTensor operators of a block, of the rest of the
     model and of the AdamW step (harness/tools/calibrate_dtensor.py) -> compute.dtensor; FSDP2's host
     work per block, micro-batch and step (harness/tools/calibrate_fsdp.py) -> compute.fsdp2.
@@ -73,9 +74,12 @@ def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
 
 
 def triad_GBps(mib: int, reps: int) -> float:
-    """STREAM triad (McCalpin 1995) a = b + s*c on one thread, 3 arrays of `mib` MiB: best GB/s over
-    `reps` (STREAM reports the best time). The bandwidth memory-bound work (element-wise ops, AdamW)
-    gets on one device."""
+    """STREAM triad (McCalpin 1995) a = b + s*c on one thread, 3 arrays of `mib` MiB: the median GB/s
+    over `reps` (STREAM reports the best time; the median is the sustained figure a training step's
+    element-wise work meets, as for the GEMM sweep, harness/tools/calibrate_compute.py). The bandwidth
+    memory-bound work (element-wise ops, AdamW) gets on one device."""
+    import statistics
+
     import torch
 
     torch.set_num_threads(1)
@@ -87,7 +91,7 @@ def triad_GBps(mib: int, reps: int) -> float:
         t0 = time.perf_counter()
         torch.add(b, c, alpha=3.0, out=a)
         times.append(time.perf_counter() - t0)
-    return 3 * 4 * n / min(times) / 1e9
+    return 3 * 4 * n / statistics.median(times) / 1e9
 
 
 def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
@@ -156,7 +160,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
             "collectives": "gloo via torchrun, nccl-tests busbw; α-β fit t = α + factor*S/B per collective and "
                            "group size (relative least squares); sizes in bytes",
             "intra_node": f"all_reduce at {mode['ranks'][0]} ranks (fit)",
-            "memory_bw_GBps": f"best STREAM triad over 3 x {mode['triad_mib']} MiB fp32, one thread",
+            "memory_bw_GBps": f"median STREAM triad of {mode['triad_reps']} over 3 x {mode['triad_mib']} MiB fp32, one thread",
             "inter_node": "same as intra_node: one machine (local SLURM 'nodes' share its loopback)",
             "peak_tflops": (base_hw.get("source", {}).get("peak_tflops", f"from hardware={base_hw['name']}")
                             + (f"; raised to the measured rate for {', '.join(raised)} (this CPU is faster than "

@@ -24,6 +24,7 @@ with strategy.sequence_parallel=true}}; harness/costmodel/compute.py charges the
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 LAYERS = (1, 4)  # two depths: the difference is the blocks' share, the rest is outside them
@@ -79,18 +80,21 @@ def _count(fn) -> int:
     return Count.n
 
 
-def _best_interleaved(fns: dict, rounds: int) -> dict:
-    """Best time of each callable, run in turn round after round, so that a burst of load from
-    elsewhere on the machine slows every one of them alike rather than one alone."""
+def _interleaved(fns: dict, rounds: int) -> dict:
+    """Median time of each callable, run in turn round after round, so that a slow spell of the
+    machine slows every one of them alike rather than one alone. The median, not the best: the
+    figures are differences between the models' times and must describe the same sustained state of
+    the core as calibrate's GEMM sweep (harness/tools/calibrate_compute.py), not each its fastest
+    moment."""
     for fn in fns.values():
         fn()  # warm-up: DTensor caches its sharding propagation per operator schema
-    best = dict.fromkeys(fns, float("inf"))
+    times = {key: [] for key in fns}
     for _ in range(rounds):
         for key, fn in fns.items():
             t0 = time.perf_counter()
             fn()
-            best[key] = min(best[key], time.perf_counter() - t0)
-    return best
+            times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(ts) for key, ts in times.items()}
 
 
 def measure(rounds: int = 30) -> dict:
@@ -115,7 +119,7 @@ def measure_one(rounds: int, sequence_parallel: bool) -> dict:
                 if tp > 1:
                     ops[layers], opt_ops[layers] = _count(forward_backward), _count(st.optimizer_step)
                 steps["fb", layers, tp], steps["opt", layers, tp] = forward_backward, st.optimizer_step
-        t = _best_interleaved(steps, rounds)
+        t = _interleaved(steps, rounds)
     finally:
         dist.destroy_process_group()
     lo, hi = LAYERS
@@ -137,6 +141,6 @@ def us(seconds: float) -> float:
     return round(max(0.0, seconds) * 1e6, 2)
 
 
-SOURCE = ("tp = 2 on torch's fake process group, one thread, tiny shapes (d_model 64, 8 tokens): best of "
-          "{rounds} forward + backward and AdamW steps of the tp model minus the plain one at 1 and 4 layers, per "
+SOURCE = ("tp = 2 on torch's fake process group, one thread, tiny shapes (d_model 64, 8 tokens): median of "
+          "{rounds} interleaved forward + backward and AdamW steps of the tp model minus the plain one at 1 and 4 layers, per "
           "DTensor operator counted with a TorchDispatchMode (harness/tools/calibrate_dtensor.py)")

@@ -10,7 +10,7 @@ the GEMM sweep and the per-operator floor do not see.
 Method, in this process on torch's fake process group at dp = 2 (collectives return at once), one
 thread, the tiny shapes of harness/tools/calibrate_dtensor.py: the worker's own train_step (strategy
 fsdp, its accumulation mode) minus the plain model's (strategy single) at 1 and 4 layers and with 1
-and 2 micro-batches, best of interleaved rounds:
+and 2 micro-batches, the median of interleaved rounds:
     per micro-batch  t(m=2) - t(m=1)      per step (the optimizer, the last reduce)  t(m=1) - per micro-batch
     per block        the difference between 4 and 1 layers, / 3   outside the blocks  the rest at 1 layer
 Written as compute.fsdp2 = {block_us, outside_us (per micro-batch), step_block_us, step_outside_us (per
@@ -18,7 +18,7 @@ optimizer step)}; harness/costmodel/compute.py charges them to layouts whose par
 """
 from __future__ import annotations
 
-from harness.tools.calibrate_dtensor import _best_interleaved, tiny_strategy, us
+from harness.tools.calibrate_dtensor import _interleaved, tiny_strategy, us
 
 LAYERS = (1, 4)
 
@@ -37,7 +37,7 @@ def measure(rounds: int = 20) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
-        t = _best_interleaved({(n, s, m): _step(n, s, m) for n in LAYERS for s in (False, True) for m in (1, 2)},
+        t = _interleaved({(n, s, m): _step(n, s, m) for n in LAYERS for s in (False, True) for m in (1, 2)},
                               rounds)
     finally:
         dist.destroy_process_group()
@@ -50,6 +50,6 @@ def measure(rounds: int = 20) -> dict:
             "step_block_us": us(step_block), "step_outside_us": us(per_step[lo] - lo * step_block)}
 
 
-SOURCE = ("dp = 2 on torch's fake process group, one thread, tiny shapes: best of {rounds} interleaved train_steps "
+SOURCE = ("dp = 2 on torch's fake process group, one thread, tiny shapes: median of {rounds} interleaved train_steps "
           "of strategy fsdp minus the plain model at 1 and 4 layers, 1 and 2 micro-batches "
           "(harness/tools/calibrate_fsdp.py)")

@@ -43,7 +43,7 @@ from pathlib import Path
 from harness.config import CONF_DIR
 from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
 from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_fsdp
-from harness.tools.calibrate_compute import measure as measure_compute
+from harness.tools.calibrate_compute import cpu_clock, measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
 LOCAL = "local"  # conf/hardware/local/: this machine's calibrated profiles, ignored by git (.gitignore)
@@ -75,7 +75,7 @@ def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
 
 def triad_GBps(mib: int, reps: int) -> float:
     """STREAM triad (McCalpin 1995) a = b + s*c on one thread, 3 arrays of `mib` MiB: the median GB/s
-    over `reps` (STREAM reports the best time; the median is the sustained figure a training step's
+    over `reps` in this thread's CPU time (STREAM reports the best time; the median is the sustained figure a training step's
     element-wise work meets, as for the GEMM sweep, harness/tools/calibrate_compute.py). The bandwidth
     memory-bound work (element-wise ops, AdamW) gets on one device."""
     import statistics
@@ -88,9 +88,9 @@ def triad_GBps(mib: int, reps: int) -> float:
     torch.add(b, c, alpha=3.0, out=a)  # warm-up: pages touched
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = cpu_clock()
         torch.add(b, c, alpha=3.0, out=a)
-        times.append(time.perf_counter() - t0)
+        times.append(cpu_clock() - t0)
     return 3 * 4 * n / statistics.median(times) / 1e9
 
 

@@ -9,7 +9,9 @@ factor ranks/cores (harness/costmodel/layout.py placement), which is 1 at 2 rank
 Method: `cores` processes (one thread each) start a kernel together at a barrier and each runs it
 for a fixed window, reporting its median time per call; the same kernel runs alone in one process.
 Alone and together alternate for a few rounds (so load from elsewhere on the machine meets both),
-and each keeps its best round; together is the slowest process's median. Kernels:
+and each keeps its best round; together is the slowest process's median. Times are each process's
+CPU seconds (harness/tools/calibrate_compute.py cpu_clock): the slowdown is what the cores cost each
+other (cache, memory, clock), not another tenant's process time-sharing a core with them. Kernels:
     gemm    the GEMM sweep's transformer-block projections (1024 tokens x 256 x 256 and x 1024), fp32
     memory  the STREAM triad of calibrate (3 x 64 MiB fp32)
 slowdown = together / alone, at least 1 (co-running cannot speed a core up; below 1 is noise).
@@ -19,6 +21,8 @@ rate's slowdown by `gemm` and the memory bandwidth's by `memory` when a node run
 from __future__ import annotations
 
 import time
+
+from harness.tools.calibrate_compute import cpu_clock
 
 GEMMS = ((1024, 256, 256), (1024, 1024, 256))
 TRIAD_MIB = 64
@@ -49,9 +53,9 @@ def _worker(rank: int, commands, barrier, results) -> None:
             barrier.wait()
         times, t_end = [], time.perf_counter() + window_s
         while time.perf_counter() < t_end or len(times) < 3:
-            t0 = time.perf_counter()
+            t0 = cpu_clock()
             fn()
-            times.append(time.perf_counter() - t0)
+            times.append(cpu_clock() - t0)
         times.sort()
         results.put((rank, times[len(times) // 2]))
 

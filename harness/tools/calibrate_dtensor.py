@@ -25,7 +25,8 @@ with strategy.sequence_parallel=true}}; harness/costmodel/compute.py charges the
 from __future__ import annotations
 
 import statistics
-import time
+
+from harness.tools.calibrate_compute import cpu_clock
 
 LAYERS = (1, 4)  # two depths: the difference is the blocks' share, the rest is outside them
 TINY = ["model=tiny", "model.seq_len=8", "model.d_model=64", "model.d_ff=128", "model.vocab_size=64", "model.n_heads=4"]
@@ -85,15 +86,15 @@ def _interleaved(fns: dict, rounds: int) -> dict:
     machine slows every one of them alike rather than one alone. The median, not the best: the
     figures are differences between the models' times and must describe the same sustained state of
     the core as calibrate's GEMM sweep (harness/tools/calibrate_compute.py), not each its fastest
-    moment."""
+    moment; in this thread's CPU time, as the sweep."""
     for fn in fns.values():
         fn()  # warm-up: DTensor caches its sharding propagation per operator schema
     times = {key: [] for key in fns}
     for _ in range(rounds):
         for key, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = cpu_clock()
             fn()
-            times[key].append(time.perf_counter() - t0)
+            times[key].append(cpu_clock() - t0)
     return {key: statistics.median(ts) for key, ts in times.items()}
 
 

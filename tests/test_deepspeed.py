@@ -70,7 +70,7 @@ EXTRA = {1: ["strategy.ds.wall_clock_breakdown=true", "strategy.ds.comms_logger=
 def test_zero_stage_matches_single_with_predicted_bytes(tmp_path, single_reference, stage, device):
     ref = single_reference(*device_overrides(device))
     rec = run_deepspeed([f"strategy={STRATEGY_OF_STAGE[stage]}", "parallel.dp=2", *EXTRA.get(stage, []),
-                         *device_overrides(device)], tmp_path)
+                         "workload.profile_steps=1", *device_overrides(device)], tmp_path)
     m, p, r = rec["measured"], rec["predicted"], ref["measured"]
     assert_losses_match(m["losses"], r["losses"])
 
@@ -102,7 +102,7 @@ def test_zero_stage_matches_single_with_predicted_bytes(tmp_path, single_referen
         assert m["step_time_s"] > 0
     else:
         assert "timers_ms" not in ds and "comms" not in ds
-    # the dp collectives' bytes as the flight recorder saw them: at stage 3 DeepSpeed keeps tiny's params
+    # the dp collectives' bytes as the profiled step's trace saw them: at stage 3 DeepSpeed keeps tiny's params
     # gathered from forward to backward (within stage3_max_reuse_distance), so each is gathered once
     # per micro-batch, not twice (harness/costmodel/ds_zero3.py)
     assert m["comm_dp_bytes"] == pytest.approx(p["comm_dp_bytes"], rel=0.05)

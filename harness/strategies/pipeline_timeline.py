@@ -70,23 +70,24 @@ class Timeline:
         @functools.wraps(fwd)
         def forward_one_chunk(mb, *args, **kwargs):
             if self.forward_context is None:
-                return self._timed(s, mb, "F", fwd, mb, *args, **kwargs)
+                return self.timed(s, mb, "F", fwd, mb, *args, **kwargs)
             with self.forward_context():
-                return self._timed(s, mb, "F", fwd, mb, *args, **kwargs)
+                return self.timed(s, mb, "F", fwd, mb, *args, **kwargs)
 
         @functools.wraps(bwd)
         def backward_one_chunk(mb, *args, **kwargs):
-            return self._timed(s, mb, "B", bwd, mb, *args, **kwargs)
+            return self.timed(s, mb, "B", bwd, mb, *args, **kwargs)
 
         @functools.wraps(wgt)
         def backward_weight_one_chunk(mb, *args, **kwargs):
-            return self._timed(s, mb, "W", wgt, mb, *args, **kwargs)
+            return self.timed(s, mb, "W", wgt, mb, *args, **kwargs)
 
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
 
-    def _timed(self, stage: int, mb: int, action: str, fn, *args, **kwargs):
+    def timed(self, stage: int, mb: int, action: str, fn, *args, **kwargs):
+        """Run fn as one action (F / B / W) of micro-batch mb on this rank's stage, leaving its event."""
         start = self.clock.stamp()
         out = fn(*args, **kwargs)
         if self._cur is not None:
@@ -104,6 +105,12 @@ class Timeline:
 
     def end_pipeline(self) -> None:
         self._cur["pipeline_end"] = self.clock.stamp()
+
+    def end_pipeline_once(self) -> None:
+        """end_pipeline unless this step's pipeline end is stamped already (DeepSpeed's engine: the
+        first of its gradient-reduction / optimizer-step instructions, then once more after train_batch)."""
+        if self._cur is not None and "pipeline_end" not in self._cur:
+            self.end_pipeline()
 
     def end_step(self) -> None:
         self._cur["step_end"] = self.clock.stamp()

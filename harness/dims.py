@@ -79,7 +79,8 @@ class ParallelDims:
 
     def groups(self, axis: str) -> list[list[int]]:
         """The rank groups that communicate along one axis (e.g. every tp group). `dp_cp` is the
-        gradient-sync group of data and context parallel together (FSDP/DDP reduce over it)."""
+        gradient-sync group of data and context parallel together (FSDP/DDP reduce over it); `ep_dp`
+        the expert-data-parallel group that reduces expert gradients (dp / ep ranks)."""
         derived = {"dp", "ep", "dp_replicate", "dp_shard"}  # coordinates that are functions of dp
         varying = {"dp": derived, "dp_cp": derived | {"cp"}, "dp_replicate": derived - {"dp_shard"},
                    "dp_shard": derived - {"dp_replicate"}}.get(axis, {axis})
@@ -88,6 +89,8 @@ class ParallelDims:
             c = self.coords(r)
             if axis == "ep":
                 key = (c["pp"], c["dp"] // self.ep, c["cp"], c["tp"])
+            elif axis == "ep_dp":  # expert data parallel: the dp ranks that hold the same experts
+                key = (c["pp"], c["dp"] % self.ep, c["cp"], c["tp"])
             else:
                 key = tuple(v for k, v in c.items() if k not in varying)
             out.setdefault(key, []).append(r)

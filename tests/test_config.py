@@ -112,3 +112,8 @@ def test_rank_placement_tp_innermost():
     assert d.groups("dp_shard") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert d.groups("dp_replicate") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert d.groups("dp_cp") == [list(range(8))]
+    # ep shares the dp ranks: ep groups are neighbouring dp ranks, the expert-data groups (which reduce
+    # expert gradients, e.g. DeepSpeed MoE's own) the dp ranks holding the same experts
+    d = ParallelDims(dp=4, ep=2, world_size=4)
+    assert d.groups("ep") == [[0, 1], [2, 3]]
+    assert d.groups("ep_dp") == [[0, 2], [1, 3]]

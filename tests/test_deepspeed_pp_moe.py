@@ -35,8 +35,8 @@ def test_moe_ep2_matches_single(tmp_path, single_reference):
     """ep=2 on dp=2 under ZeRO-2: DeepSpeed MoE layers built from the single model's weights; expert
     parameters in their own optimizer group, partitioned over the expert-data group (dp/ep = 1 rank)."""
     ref = single_reference("model=moe_tiny")
-    rec = run_deepspeed(["model=moe_tiny", "strategy=ep", "parallel.dp=2", "parallel.ep=2", "strategy.zero_stage=2"],
-                        tmp_path)
+    rec = run_deepspeed(["model=moe_tiny", "strategy=ep", "parallel.dp=2", "parallel.ep=2", "strategy.zero_stage=2",
+                         "workload.profile_steps=1"], tmp_path)
     m, p = rec["measured"], rec["predicted"]
     assert_losses_match(m["losses"], ref["measured"]["losses"])
     L, E, h, d_ff = 4, 8, 128, 512  # moe_tiny
@@ -47,6 +47,9 @@ def test_moe_ep2_matches_single(tmp_path, single_reference):
     assert m["grads_bytes_per_rank"] == m["master_bytes_per_rank"] == [dense4 // 2 + experts4 // 2] * 2
     assert m["optimizer_bytes_per_rank"] == [2 * (dense4 // 2 + experts4 // 2) + 2 * ADAM_STEP_BYTES] * 2
     assert m["model_states_bytes_per_rank"] == p["model_states_bytes_per_rank"]
+    # dp traffic as the profiled step saw it: ZeRO-2 all-reduces the dense gradients over dp each
+    # micro-batch (the expert-data group has one rank here, so expert gradients move nowhere)
+    assert m["comm_dp_bytes"] == pytest.approx(p["comm_dp_bytes"], rel=0.05)
 
 
 @pytest.mark.parametrize("overrides, reason", [

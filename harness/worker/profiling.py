@@ -75,6 +75,8 @@ def process_groups(mesh, dims) -> dict[str, dict]:
         ranks = sorted(dist.get_process_group_ranks(pg))
         axes = by_identity.get(name) or [a for a in trace_analysis.AXES if getattr(dims, a) > 1 and any(
             sorted(g) == ranks for g in dims.groups(a) if rank in g)]
+        if not axes and dims.ep > 1 and any(sorted(g) == ranks for g in dims.groups("ep_dp") if rank in g):
+            axes = ["dp"]  # an engine's own expert-data group (DeepSpeed MoE): expert gradients are dp traffic
         if not axes and len(ranks) > 1:
             axes = ["world"] if len(ranks) == dims.world_size else ["other"]
         out[name] = {"ranks": ranks, "axes": axes, "desc": getattr(pg, "group_desc", "")}

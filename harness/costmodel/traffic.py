@@ -18,6 +18,12 @@ torch.optim.AdamW, reads + writes, per token and layer (h = d_model, f = d_ff, e
   => 3 * (10h + 2f [+ 6as]) elements per layer and token; full recompute runs the forward again (4x).
   head      log_softmax + NLL read and write the V logits (2V), backward reads the saved output and
             the gradient and writes the logits' gradient (3V): 5V per token.
+  Llama's options (models/layers.py) add, per token and layer, elements (forward, backward) measured op
+            by op on brigade's own block (tests/test_traffic.py counts every aten op's reads and writes):
+            rmsnorm: torch's F.rms_norm runs as pow, mean, add, rsqrt, mul, mul: 7 forward, 25 backward per
+            element against LayerNorm's fused 2 and 4, so (+5, +21) h per norm; swiglu: silu (2) and the
+            product (3) forward, their backward 3 + 6, against GELU's 2 and 4: (+3, +5) f; rope: x cos +
+            rotate-half(x) sin on q and k: (10, 14) per element of q and k (h + kv).
 LayerNorm and residual traffic uses the residual stream's dtype (fp32 under autocast), GELU and scores
 the activation dtype. Under tensor parallel the sharded parts (GELU's f, the heads' scores, the
 vocabulary) divide by t; the LayerNorm/residual parts only under sequence parallel.
@@ -31,6 +37,8 @@ vocabulary) divide by t; the LayerNorm/residual parts only under sequence parall
 """
 from __future__ import annotations
 
+from harness.costmodel.params import kv_dim, option
+
 ADAMW_BYTES_PER_PARAM = 72
 ADAMW_DECAY_BYTES_PER_PARAM = 8
 GRAD_ACCUMULATE_BYTES_PER_ELEM = 12
@@ -42,8 +50,22 @@ def layer_bytes_per_token(m, tp: int, sp: bool, e: int, e_res: int, recompute: s
     k = m.top_k if m.n_experts else 1
     rep = tp if sp else 1
     forward = 10 * h * e_res / rep + 2 * f * k * e / tp + _scores_per_pass(m) * a * s * e / tp
-    passes = 4 if recompute in ("full", "selective_op") else 3  # selective_op reruns every element-wise op
-    return passes * forward
+    rerun = recompute in ("full", "selective_op")  # selective_op reruns every element-wise op
+    extra_fwd, extra_bwd = _llama_extra(m, h, f * k, tp, rep, e, e_res)
+    return (4 if rerun else 3) * forward + (2 if rerun else 1) * extra_fwd + extra_bwd
+
+
+# (forward, backward) elements per element of what each option works on (module docstring)
+RMSNORM_EXTRA, SWIGLU_EXTRA, ROPE = (5, 21), (3, 5), (10, 14)
+
+
+def _llama_extra(m, h: int, f: float, tp: int, rep: int, e: int, e_res: int) -> tuple[float, float]:
+    """Element-wise bytes a Llama block moves beyond the GPT block counted above: (forward, backward)."""
+    norm = RMSNORM_EXTRA if option(m, "norm") == "rmsnorm" else (0, 0)
+    mlp = SWIGLU_EXTRA if option(m, "mlp") == "swiglu" else (0, 0)
+    rope = ROPE if option(m, "position") == "rope" else (0, 0)
+    qk = h + kv_dim(m)
+    return tuple(2 * norm[i] * h * e_res / rep + mlp[i] * f * e / tp + rope[i] * qk * e / tp for i in (0, 1))
 
 
 def _scores_per_pass(m) -> float:

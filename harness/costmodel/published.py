@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from harness.costmodel.published_memory import memory_fields, memory_groups, print_memory
-from harness.costmodel.published_memory import quantile as _quantile
+from harness.costmodel.published_memory import error_summary
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
 LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta", "tie_embeddings", "bias")  # model fields a source may set
@@ -179,14 +178,7 @@ def _typed(current, value: str):
 
 def summarise(results: list[dict]) -> dict:
     """Median / p90 / worst |error| of throughput and the out-of-memory count, per group."""
-    errs = sorted(abs(r["ratio"] - 1) for r in results)
-    worst = max(results, key=lambda r: abs(r["ratio"] - 1))
-    return {"n": len(results), "median_abs_err_pct": 100 * _quantile(errs, 0.5),
-            "p90_abs_err_pct": 100 * _quantile(errs, 0.9), "worst_err_pct": 100 * (worst["ratio"] - 1),
-            "worst": f"{worst['source']}#{worst['index']} {worst['model']}",
-            "geomean_ratio": math.exp(sum(math.log(r["ratio"]) for r in results) / len(results)),
-            "within_15_pct": sum(abs(r["ratio"] - 1) <= 0.15 for r in results),
-            "predicted_oom": sum(not r["fits_in_memory"] for r in results)}
+    return {**error_summary(results, "ratio", 0.15), "predicted_oom": sum(not r["fits_in_memory"] for r in results)}
 
 
 def run_all(half: str | None = None, source: str | None = None) -> list[dict]:

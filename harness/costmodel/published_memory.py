@@ -33,18 +33,22 @@ def memory_fields(row: dict, pred: dict) -> dict:
             "predicted_mem_GiB": compared, "mem_ratio": compared / float(row["published_mem_GiB"])}
 
 
-def summarise_memory(results: list[dict]) -> dict | None:
-    """Median / p90 / worst |error| of predicted vs published memory over the rows that publish it."""
-    rs = [r for r in results if "mem_ratio" in r]
-    if not rs:
-        return None
-    errs = sorted(abs(r["mem_ratio"] - 1) for r in rs)
-    worst = max(rs, key=lambda r: abs(r["mem_ratio"] - 1))
+def error_summary(rs: list[dict], key: str, within: float) -> dict:
+    """Median / p90 / worst |error| of the ratio `key` (predicted / published) over rows rs, its geometric
+    mean and how many rows are within `within` (throughput and memory alike)."""
+    errs = sorted(abs(r[key] - 1) for r in rs)
+    worst = max(rs, key=lambda r: abs(r[key] - 1))
     return {"n": len(rs), "median_abs_err_pct": 100 * quantile(errs, 0.5),
-            "p90_abs_err_pct": 100 * quantile(errs, 0.9), "worst_err_pct": 100 * (worst["mem_ratio"] - 1),
+            "p90_abs_err_pct": 100 * quantile(errs, 0.9), "worst_err_pct": 100 * (worst[key] - 1),
             "worst": f"{worst['source']}#{worst['index']} {worst['model']}",
-            "geomean_ratio": math.exp(sum(math.log(r["mem_ratio"]) for r in rs) / len(rs)),
-            "within_10_pct": sum(abs(r["mem_ratio"] - 1) <= 0.10 for r in rs)}
+            "geomean_ratio": math.exp(sum(math.log(r[key]) for r in rs) / len(rs)),
+            f"within_{round(100 * within)}_pct": sum(abs(r[key] - 1) <= within for r in rs)}
+
+
+def summarise_memory(results: list[dict]) -> dict | None:
+    """The memory error summary over the rows that publish memory (None where none does)."""
+    rs = [r for r in results if "mem_ratio" in r]
+    return error_summary(rs, "mem_ratio", 0.10) if rs else None
 
 
 def memory_groups(results: list[dict]) -> dict:

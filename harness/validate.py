@@ -11,7 +11,6 @@ from harness.dims import ConfigError, ParallelDims
 from harness.domains import check_domains
 from harness.validate_layouts import validate_layouts
 
-CHECKPOINTING = ("none", "selective", "full", "selective_op")
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
 MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),
                  "loss": ("fp32", "chunked")}  # loss: models/loss.py LOSSES
@@ -101,9 +100,9 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
     if w.precision not in hw.precisions:
         raise ConfigError(f"precision {w.precision} cannot run on hardware {hw.name} ({hw.device}); "
                           f"it runs: {', '.join(hw.precisions)}")
-    if w.activation_checkpointing not in CHECKPOINTING:
+    if w.activation_checkpointing not in catalog.CHECKPOINTING:
         raise ConfigError(f"unknown activation_checkpointing '{w.activation_checkpointing}'; "
-                          f"available: {', '.join(CHECKPOINTING)}")
+                          f"available: {', '.join(catalog.CHECKPOINTING)}")
     if w.activation_checkpointing == "selective_op":
         _validate_selective_op(run, dims)
     if w.steps < 1 or w.warmup_steps < 0:

@@ -17,11 +17,13 @@ the ZeRO paper's 2 x every parameter: a model smaller than half the distance (ev
 model=small: 10.5M elements) gathers each parameter once, and keeps all of them gathered from forward
 to backward; a 175B model re-gathers all but its last ~0.5e9 elements (the head, ln_f).
 
-The trace is models/gpt.py's module order (harness/costmodel/params.py lists the same tensors).
+The trace is models/gpt.py's module order (params.block_projections gives a block's projections).
 """
 from __future__ import annotations
 
 from functools import lru_cache
+
+from harness.costmodel.params import block_projections
 
 
 def _modules(shape: tuple) -> list[tuple[int, ...]]:
@@ -32,9 +34,8 @@ def _modules(shape: tuple) -> list[tuple[int, ...]]:
     def linear(out: int, inp: int) -> tuple[int, ...]:
         return (out * inp, out) if bias else (out * inp,)
 
-    mlp_mods = ([linear(d_ff, h), linear(h, d_ff)] if mlp == "gelu"
-                else [linear(d_ff, h), linear(d_ff, h), linear(h, d_ff)])
-    block = [norm_params, linear(h, h), linear(kv, h), linear(kv, h), linear(h, h), norm_params, *mlp_mods]
+    q, k, v, o, *mlp_mods = (linear(out, inp) for out, inp in block_projections(h, kv, d_ff, mlp))
+    block = [norm_params, q, k, v, o, norm_params, *mlp_mods]
     out = [(V * h,)] + ([(s * h,)] if position == "learned" else [])
     out += block * L + [norm_params]
     if not tie:  # a tied head is the embedding's tensor: gathered with it, not a module of its own

@@ -21,8 +21,6 @@ from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
 from harness.costmodel.params import block_numel, block_tensors, numel, option, rank_inventory, tp_block_collectives
 
-CHECKPOINTING = ("none", "selective", "full", "selective_op")
-
 
 @dataclass(slots=True)
 class Placement:
@@ -144,7 +142,7 @@ def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToke
     cfg = md.cfg
     loss = option(cfg, "loss")
     return PerToken(
-        layer_activation_bytes={c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in CHECKPOINTING},
+        layer_activation_bytes={c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in catalog.CHECKPOINTING},
         # fp32: vocab-parallel head and loss (models/tp_plan.py); chunked: whole logits (activations.py)
         head_activation_bytes=act.head_bytes(md.s, 1, md.h, md.V, tp, True, loss, e),
         logits_bytes=act.loss_grad_bytes(md.s, md.V, tp, loss, e),
@@ -154,7 +152,7 @@ def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToke
         layer_flops={"none": 3 * md.layer_flops / tp, "selective": (3 * md.layer_flops + md.core_flops) / tp,
                      "full": 4 * md.layer_flops / tp, "selective_op": (3 * md.layer_flops + md.op_recompute_flops) / tp},
         head_flops=3 * md.head_flops / tp,
-        layer_traffic_bytes={c: traffic.layer_bytes_per_token(cfg, tp, st.sp, e, e_res, c) for c in CHECKPOINTING},
+        layer_traffic_bytes={c: traffic.layer_bytes_per_token(cfg, tp, st.sp, e, e_res, c) for c in catalog.CHECKPOINTING},
         head_traffic_bytes=traffic.head_bytes_per_token(cfg, tp),
         act_elem_bytes=e, residual_elem_bytes=e_res,
         unsharded_elem_bytes=e if st.family == "sharded" else 4)

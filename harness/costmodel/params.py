@@ -89,11 +89,21 @@ def _local(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, int]:
     return dims[0], rest
 
 
+_ABSENT = object()
+
+
 def option(m, name: str):
-    """A Llama-family option of a model config; the schema's default where an object lacks it."""
+    """A Llama-family option of a model config; the schema's default where an object lacks it (read in the
+    planner's inner loop: the default is looked up only when the attribute is missing)."""
+    value = getattr(m, name, _ABSENT)
+    return _schema_default(name) if value is _ABSENT else value
+
+
+@lru_cache(maxsize=None)
+def _schema_default(name: str):
     from harness.config import ModelConfig
 
-    return getattr(m, name, ModelConfig.__dataclass_fields__[name].default)
+    return ModelConfig.__dataclass_fields__[name].default
 
 
 def kv_dim(m) -> int:

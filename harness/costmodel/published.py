@@ -19,8 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from harness.costmodel.published_memory import memory_fields, memory_groups, print_memory
-from harness.costmodel.published_memory import error_summary
+from harness.costmodel.published_memory import error_summary, memory_fields, memory_groups, print_memory
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
 LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta", "tie_embeddings", "bias")  # model fields a source may set
@@ -65,6 +64,10 @@ def published_tokens_per_s_per_gpu(row: dict, model: dict) -> float:
     raise ValueError(f"unknown metric {row['metric']!r} in {row['source']} row {row['index']}")
 
 
+# Megatron-Core's overlap flags a row may carry, as brigade's strategy knobs of the same name
+MEGATRON_OVERLAPS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+
+
 def strategy_overrides(row: dict) -> list[str]:
     """The brigade strategy that runs this row's layout (harness/catalog.py, as the planner picks it)."""
     from harness import catalog
@@ -93,10 +96,6 @@ def strategy_overrides(row: dict) -> list[str]:
         if knob in row and (knob != "tp_comm_overlap" or tp > 1):
             out.append(f"strategy.{knob}={str(bool(row[knob])).lower()}")
     return out
-
-
-# Megatron-Core's overlap flags a row may carry, as brigade's strategy knobs of the same name
-MEGATRON_OVERLAPS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
 
 
 def overrides(row: dict, model: dict) -> list[str]:

@@ -37,7 +37,7 @@ vocabulary) divide by t; the LayerNorm/residual parts only under sequence parall
 """
 from __future__ import annotations
 
-from harness.costmodel.params import kv_dim
+from harness.costmodel.params import kv_dim, option
 
 ADAMW_BYTES_PER_PARAM = 72
 ADAMW_DECAY_BYTES_PER_PARAM = 8
@@ -60,11 +60,10 @@ RMSNORM_EXTRA, SWIGLU_EXTRA, ROPE = (5, 21), (3, 5), (10, 14)
 
 
 def _llama_extra(m, h: int, f: float, tp: int, rep: int, e: int, e_res: int) -> tuple[float, float]:
-    """Element-wise bytes a Llama block moves beyond the GPT block counted above: (forward, backward).
-    Read per layout by the planner's inner loop: plain attribute reads, the GPT case first."""
-    norm = RMSNORM_EXTRA if getattr(m, "norm", "layernorm") == "rmsnorm" else (0, 0)
-    mlp = SWIGLU_EXTRA if getattr(m, "mlp", "gelu") == "swiglu" else (0, 0)
-    rope = ROPE if getattr(m, "position", "learned") == "rope" else (0, 0)
+    """Element-wise bytes a Llama block moves beyond the GPT block counted above: (forward, backward)."""
+    norm = RMSNORM_EXTRA if option(m, "norm") == "rmsnorm" else (0, 0)
+    mlp = SWIGLU_EXTRA if option(m, "mlp") == "swiglu" else (0, 0)
+    rope = ROPE if option(m, "position") == "rope" else (0, 0)
     if not (norm[0] or mlp[0] or rope[0]):
         return 0.0, 0.0
     qk = h + kv_dim(m)

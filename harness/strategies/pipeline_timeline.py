@@ -145,3 +145,16 @@ class Timeline:
             doc = {**header, "step": last, **resolved[last]}
             write_atomic(Path(run_dir) / rundir.timeline_file(header["rank"]), json.dumps(doc, indent=1))
         return statistics.median(self.bubble_pct(r) for r in resolved.values())
+
+
+def measured_bubble(timeline: Timeline, run, header: dict, run_dir: Path | None) -> dict:
+    """The pipeline strategies' extra measurement: this rank's median bubble over the timed steps (its
+    timeline file written), gathered from every rank after timing, and their mean."""
+    import torch.distributed as dist
+
+    w = run.workload
+    mine = timeline.summary(range(w.warmup_steps, w.warmup_steps + w.steps), {**header, "rank": dist.get_rank()},
+                            run_dir)
+    per_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, mine)  # after timing: every rank returns the same figures
+    return {"bubble_pct": statistics.fmean(per_rank), "bubble_pct_per_rank": per_rank}

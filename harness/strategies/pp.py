@@ -27,7 +27,6 @@ batch mean, as `single` computes it.
 from __future__ import annotations
 
 import contextlib
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
 from harness import catalog
 from harness.strategies.base import Strategy
 from harness.validate import num_microbatches
-from harness.strategies.pipeline_timeline import Timeline
+from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 from models.pipeline_split import even_split, stage_module
 
 # schedule name -> torch class; what each schedule is (placement, vpp rule, loss rank) is in harness/catalog.py
@@ -115,14 +114,9 @@ class PipelineStrategy(Strategy):
 
     # -- measurement ---------------------------------------------------------------------------
     def extra_measurements(self) -> dict:
-        w, d = self.run.workload, self.dims
-        rank = dist.get_rank()
-        header = {"schedule": self.run.strategy.schedule, "pp": d.pp, "vpp": d.vpp,
-                  "num_microbatches": self.num_microbatches, "rank": rank, "stages": self.stage_ids}
-        mine = self.timeline.summary(range(w.warmup_steps, w.warmup_steps + w.steps), header, self.run_dir)
-        per_rank: list = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, mine)  # after timing: every rank returns the same figures
-        return {"bubble_pct": statistics.fmean(per_rank), "bubble_pct_per_rank": per_rank}
+        header = {"schedule": self.run.strategy.schedule, "pp": self.dims.pp, "vpp": self.dims.vpp,
+                  "num_microbatches": self.num_microbatches, "stages": self.stage_ids}
+        return measured_bubble(self.timeline, self.run, header, self.run_dir)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

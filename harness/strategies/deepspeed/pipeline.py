@@ -13,13 +13,10 @@ the pipeline ends where the gradient reduction or the optimizer step begins.
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
-import torch.distributed as dist
 
 from harness.strategies.deepspeed.engine import DeepSpeedStrategy
-from harness.strategies.pipeline_timeline import Timeline
+from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 
 
 class DeepSpeedPipeline(DeepSpeedStrategy):
@@ -74,15 +71,9 @@ class DeepSpeedPipeline(DeepSpeedStrategy):
         return self.engine.dp_group_loss  # this replica's mean over its micro-batches (before the dp average)
 
     def extra_measurements(self) -> dict:
-        w, d = self.run.workload, self.dims
-        rank = dist.get_rank()
-        header = {"schedule": self.run.strategy.schedule, "pp": d.pp, "vpp": 1,
-                  "num_microbatches": self.num_microbatches, "rank": rank, "stages": [self.engine.stage_id]}
-        mine = self.timeline.summary(range(w.warmup_steps, w.warmup_steps + w.steps), header, self.run_dir)
-        per_rank: list = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, mine)  # after timing: every rank returns the same figures
-        return {**super().extra_measurements(), "bubble_pct": statistics.fmean(per_rank),
-                "bubble_pct_per_rank": per_rank}
+        header = {"schedule": self.run.strategy.schedule, "pp": self.dims.pp, "vpp": 1,
+                  "num_microbatches": self.num_microbatches, "stages": [self.engine.stage_id]}
+        return {**super().extra_measurements(), **measured_bubble(self.timeline, self.run, header, self.run_dir)}
 
     def gpt_name(self, name):
         # PipelineModule names layer k of [Embedding, block 0..L-1, Head] "<k>."

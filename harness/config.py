@@ -178,6 +178,10 @@ class PlanConfig:
     gpus: int = 8
     top_k: int = 10
     run_top: int = 0
+    # what makes two of --run-top's layouts distinct: "degrees" (dp, tp, pp, ep), each with its best
+    # strategy, schedule, ZeRO stage, micro-batch and checkpointing; or "variant" (strategy, knobs and
+    # schedule too: e.g. the same dp2 pp2 under 1f1b and ZB-V), harness/tools/plan_check.py
+    run_top_by: str = "degrees"
 
 
 @dataclass

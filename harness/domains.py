@@ -63,6 +63,7 @@ DOMAINS = {
     "logger.name": (_one_of("wandb", "none"), "wandb or none"),
     "logger.mode": (_one_of("offline", "online", "disabled"), "offline, online or disabled"),
     "plan.gpus": SIZE, "plan.top_k": SIZE, "plan.run_top": COUNT,
+    "plan.run_top_by": (_one_of("degrees", "variant"), "degrees or variant"),
     "rerun": (_one_of("none", "failed", "all"), "none, failed or all"),
     "fault": (_one_of("none", "crash_rank1", "hang_rank1", "oom_rank1"), "none, crash_rank1, hang_rank1 or oom_rank1"),
 }

@@ -121,3 +121,18 @@ def test_tensor_parallel_comm_uses_the_calibrated_time_of_its_message():
     measured = BASE["collectives"]["all_reduce"]["2"]["time_us_by_bytes"]["262144"] * 1e-6
     calls = 4 * (6 * MD.L + 2)  # 6 all-reduces per block, the embedding's and the head input's
     assert out["comm_tp_time_s"] == pytest.approx(calls * measured, rel=1e-9)
+
+
+def test_elementwise_bandwidth_times_the_layers_and_heads_traffic_only():
+    """compute.elementwise_GBps (calibrate_elementwise.py) divides the layers' and the head's element-wise
+    bytes; AdamW and gradient accumulation stay at memory_bw_GBps; without it, the memory's bandwidth."""
+    from harness.costmodel import traffic
+
+    mem = BASE["memory_bw_GBps"] * 1e9
+    plain, slow = hardware(corun=None), hardware(corun=None, elementwise_GBps=BASE["memory_bw_GBps"] / 4)
+    assert plain.elem_bw == mem and slow.elem_bw == mem / 4
+    a, b = predict(plain), predict(slow)
+    tokens = 2 * MD.s
+    per_mb = tokens * (MD.L * traffic.layer_bytes_per_token(MD.cfg, 1, False, 4, 4, "none")
+                       + traffic.head_bytes_per_token(MD.cfg, 1))
+    assert b["compute_time_s"] - a["compute_time_s"] == pytest.approx(4 * per_mb * (4 / mem - 1 / mem), rel=1e-6)

@@ -96,6 +96,18 @@ def test_measured_sweep_interpolates_in_log_flops():
     assert 0.1e12 < curve.rate(100, 1000, 500) < 0.4e12
 
 
+def test_measured_shapes_give_each_gemm_its_own_rate():
+    """Two GEMMs of equal FLOPs, one measured slow (a head's 256 x 8192 x 256) and one fast: each gets its
+    own rate, and a shape between measured ones a rate between theirs, nearest weighing most."""
+    curve = GemmCurve.of({"max_tflops": 0.05, "shapes": [[256, 8192, 256, 0.03], [2048, 512, 512, 0.05],
+                                                         [256, 256, 256, 0.02]]})
+    assert curve.rate(256, 8192, 256) == pytest.approx(0.03e12)
+    assert curve.rate(2048, 512, 512) == pytest.approx(0.05e12)
+    near_head = curve.rate(256, 4096, 256)
+    assert 0.02e12 < near_head < 0.05e12
+    assert abs(near_head - 0.03e12) < abs(near_head - 0.05e12)
+
+
 def test_gemm_saturates_above_the_ridge_point_and_moves_with_it():
     """sat(I) = I / (I + c R/B): a mid-size GEMM runs below R, the rate rises with size towards R, and the
     same GEMM runs at a smaller fraction of R on a profile whose ridge point R/B is higher."""

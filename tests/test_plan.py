@@ -71,6 +71,10 @@ def test_spearman_and_distinct_layouts():
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 4, 5]) == pytest.approx(0.9)  # 1 - 6*2/(5*24)
     cands, _ = search(compose_run(BIG), 1024)
-    top = distinct_layouts(cands, 6)
+    top = distinct_layouts(cands, 6, by="variant")
     keys = {(c.strategy, tuple(sorted(c.knobs.items())), c.dp, c.tp, c.pp, c.vpp, c.schedule) for c in top}
     assert len(top) == len(keys) == 6 and top[0] is cands[0]
+    top = distinct_layouts(cands, 6)  # by degrees: no two share (dp, tp, pp, ep), each its best
+    assert len({(c.dp, c.tp, c.pp, c.ep) for c in top}) == 6 and top[0] is cands[0]
+    for c in top:
+        assert c is next(x for x in cands if (x.dp, x.tp, x.pp, x.ep) == (c.dp, c.tp, c.pp, c.ep))

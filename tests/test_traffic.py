@@ -6,31 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from harness.config import compose_run
 from harness.costmodel import traffic
+from harness.tools.op_profile import OpProfile
 from models.gpt import Block
-
-COMPUTE = {"mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu",
-           "_scaled_dot_product_flash_attention_for_cpu_backward"}
-VIEWS = {"view", "_unsafe_view", "expand", "as_strided", "transpose", "permute", "unsqueeze", "slice", "select",
-         "t", "detach", "alias", "split", "split_with_sizes", "squeeze", "unbind", "reshape"}
-
-
-class ElementwiseBytes(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.by_op: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func._schema.name.split("::")[-1]
-        if name not in COMPUTE and name not in VIEWS:
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-            self.by_op[name] = self.by_op.get(name, 0) + sum(t.numel() * t.element_size() for t in tensors)
-        return out
 
 
 def measured_bytes_per_token(model: str) -> tuple[float, dict]:
@@ -38,10 +18,10 @@ def measured_bytes_per_token(model: str) -> tuple[float, dict]:
     torch.manual_seed(0)
     block = Block(cfg)
     x = torch.randn(2, cfg.seq_len, cfg.d_model, requires_grad=True)
-    with ElementwiseBytes() as counter:
+    with OpProfile() as counter:
         block(x).backward(torch.ones(2, cfg.seq_len, cfg.d_model))
     assert any(op in counter.by_op for op in ("native_layer_norm", "pow")), counter.by_op  # the norms were seen
-    return sum(counter.by_op.values()) / x.shape[0] / x.shape[1], counter.by_op
+    return counter.bytes["elementwise"] / x.shape[0] / x.shape[1], counter.by_op
 
 
 @pytest.mark.parametrize("model", ["tiny", "llama_tiny"])

@@ -14,7 +14,9 @@ GEMM (M, N, K) in dtype of e bytes, on a profile with a `compute.gemm.<dtype>` c
     wave(M, N) = tiles / (ceil(tiles / units) * units), tiles = ceil(M/tm) ceil(N/tn): the last wave of
     output tiles leaves units idle (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
     wave quantization), with the tile (tm, tn) and unit count (SMs) of the profile;
-    or, for a measured sweep (`points`: [GEMM FLOPs, TFLOP/s] pairs), R(2MNK) interpolated in log FLOPs.
+    or, for a measured sweep, R at the measured GEMM shapes nearest (M, N, K) in log space (`shapes`:
+    [M, N, K, TFLOP/s], harness/tools/calibrate_compute.py), or of an older profile R(2MNK) interpolated
+    in log FLOPs (`points`: [GEMM FLOPs, TFLOP/s] pairs).
 Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gpt.py: q, k, v, o and
 the MLP's matrices, separate nn.Linear; k and v n_kv_heads x head_dim wide under GQA): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
 (T, in, out) and the weight gradient (out, in, T) per projection; full recompute runs the forward again.
@@ -25,7 +27,10 @@ fraction of peak; its backward recomputes the scores from the saved logsumexp in
 (Dao et al. 2022, FlashAttention, Algorithm 4; llm-foundry's benchmark README counts the same extra
 recompute, "attention multiplier 5 instead of 4" with checkpointing); recomputing the forward
 (selective or full checkpointing) adds 1. Eager attention (scores materialised) runs its batched GEMMs,
-full count, forward + backward = 3 forwards, at the GEMM rate of (s, s, h/a) shapes. Element-wise work: traffic.py's bytes / B.
+full count, forward + backward = 3 forwards, at the GEMM rate of (s, s, h/a) shapes. Element-wise work:
+traffic.py's bytes / the element-wise bandwidth: B, or where calibrate measured it the rate brigade's
+own element-wise operators reach on the device (compute.elementwise_GBps: on one CPU core GELU, the
+loss and the norms are not bandwidth-bound, harness/tools/calibrate_elementwise.py).
 A profile without a `compute.gemm` entry for the dtype keeps one rate for every FLOP (achievable_tflops).
 Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each (both measured by
 `harness.calibrate` on a CPU; 0 on the GPU profiles, whose kernels launch asynchronously). With tp > 1
@@ -52,17 +57,21 @@ class GemmCurve:
     units: int = 0
     points: tuple = ()  # ((log GEMM FLOPs, FLOP/s), ...) measured, sorted
     half_ridge: float = 0.0  # c: intensity of half saturation / the ridge point R/B (0: no saturation)
+    shapes: tuple = ()  # ((log M, log N, log K, FLOP/s), ...) measured GEMMs
 
     @classmethod
     def of(cls, cfg) -> "GemmCurve":
         cfg = dict(cfg)
         pts = tuple(sorted((math.log(float(f)), float(r) * 1e12) for f, r in (cfg.get("points") or ())))
         tile = list(cfg.get("tile") or (0, 0))
+        shapes = tuple((math.log(m), math.log(n), math.log(k), float(r) * 1e12) for m, n, k, r in (cfg.get("shapes") or ()))
         return cls(float(cfg["max_tflops"]) * 1e12, int(tile[0]), int(tile[1]), int(cfg.get("units", 0)), pts,
-                   float(cfg.get("half_ridge", 0.0)))
+                   float(cfg.get("half_ridge", 0.0)), shapes)
 
     def rate(self, m: float, n: float, k: float) -> float:
         """FLOP/s of one (M, N, K) GEMM, before the memory-bound limit."""
+        if self.shapes:
+            return _nearest_shapes(self.shapes, math.log(max(m, 1.0)), math.log(max(n, 1.0)), math.log(max(k, 1.0)))
         if self.points:
             return _interpolate(self.points, math.log(max(2 * m * n * k, 1.0)))
         if not self.units:
@@ -80,12 +89,23 @@ def _interpolate(points: tuple, x: float) -> float:
     return points[-1][1]
 
 
+def _nearest_shapes(shapes: tuple, x: float, y: float, z: float, k: int = 4) -> float:
+    """The rate of a GEMM from the measured shapes nearest it in (log M, log N, log K): the measured rate
+    itself at a measured shape, else the k nearest weighted by 1 / distance^2 (inverse-distance
+    weighting, Shepard 1968)."""
+    near = sorted(((x - a) ** 2 + (y - b) ** 2 + (z - c) ** 2, r) for a, b, c, r in shapes)[:k]
+    if near[0][0] < 1e-12:
+        return near[0][1]
+    w = [1.0 / d for d, _ in near]
+    return sum(wi * r for wi, (_, r) in zip(w, near)) / sum(w)
+
+
 def gemm_time(curve: GemmCurve, m: float, n: float, k: float, elem_bytes: int, mem_bw: float, slowdown: float) -> float:
     flops, moved = 2 * m * n * k, elem_bytes * (m * k + k * n + m * n)
     rate = curve.rate(m, n, k) / slowdown
     if not mem_bw:
         return flops / rate
-    if curve.half_ridge and not curve.points:  # saturation above the ridge point (module docstring)
+    if curve.half_ridge and not (curve.points or curve.shapes):  # saturation above the ridge point (module docstring)
         intensity = flops / moved
         rate *= intensity / (intensity + curve.half_ridge * (curve.max_flops / slowdown) / mem_bw)
     return max(flops / rate, moved / mem_bw)
@@ -134,7 +154,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     md, pt, pl = lo.model, lo.per_token, lo.place
     tokens = mb * md.s
     curve = lo.hw.gemm.get(lo.dtype)
-    bw = lo.mem_bw
+    bw = lo.elem_bw
     if curve is None or md.E:  # one rate for every FLOP (MoE experts: no shape model yet)
         layer = {c: tokens * pt.layer_flops[c] / lo.matmul_rate for c in pt.layer_flops}
         head = tokens * pt.head_flops / lo.matmul_rate
@@ -165,7 +185,7 @@ def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple:
     """(one layer's GEMMs, its attention core, the head's GEMMs, the forward GEMMs selective_op recomputes)
     for `tokens` tokens, seconds."""
     md, pl, pt = lo.model, lo.place, lo.per_token
-    key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.half_ridge, md.shape,
+    key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.shapes, curve.half_ridge, md.shape,
            md.cfg.attention, lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype), pl.tp, tokens,
            pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
     if key not in _SHAPE_TIMES:

@@ -102,6 +102,7 @@ class Layout:
     fsdp_block_bytes: float
     gemm_cache: dict = field(default_factory=dict)  # micro-batch size -> per-rank compute times
     optimizer_dispatch_s: float = 0.0  # CPU: the optimizer step's DTensor dispatch (tp > 1), FSDP2's step work
+    elem_bw: float = 0.0  # bytes/s of one rank's element-wise operators (compute.py; 0: not modelled)
 
     @property
     def busiest(self) -> PipelineRank:
@@ -192,6 +193,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
                 hw.mem_bw / pl.mem_slowdown if hw.mem_bw else 0.0, hw.device != "cpu", psi_rank,
                 mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision), opt_traffic, psi_rank, fsdp_block)
     lo.dp_collectives = dp_collectives(lo, block_tensors(md.shape, tp, ep))
+    lo.elem_bw = hw.elem_bw / pl.mem_slowdown if hw.elem_bw else 0.0
     if tp > 1:  # AdamW (foreach=False) over DTensor shards: per parameter, on the busiest pp rank
         dt = hw.dtensor.sp if st.sp else hw.dtensor
         ops = max(dt.optimizer_ops_per_layer * r.layers + dt.optimizer_ops_outside_layers * (r.first or r.last)

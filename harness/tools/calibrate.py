@@ -14,9 +14,11 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
   - matmul rate of one device: an (n x n) @ (n x n) product, 2n^3 FLOP, on one thread (a CPU device
     is one core: launch/local.py runs one thread per rank); fp32, and bf16 briefly (slow where the
     CPU has no bf16 units). The best over repeats -> achievable_tflops.
-  - the GEMM curve, sustained (an nn.Linear's three training GEMMs per shape, the median of interleaved
-    rounds of several calls each), and the per-operator dispatch cost (harness/tools/calibrate_compute.py)
-    -> compute.gemm.<dtype>.points and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
+  - the GEMM rate by shape, sustained (an nn.Linear's three training GEMMs per shape, each the median of
+    interleaved rounds of several calls), and the per-operator dispatch cost (harness/tools/calibrate_compute.py)
+    -> compute.gemm.<dtype>.shapes and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
+  - the element-wise operators' bandwidth and the SDPA kernel's fraction of peak on brigade's own model
+    (harness/tools/calibrate_elementwise.py) -> compute.elementwise_GBps, compute.attention_efficiency.fp32.
   - DTensor's dispatch per operator at tp 2 and the DTensor operators of a block, of the rest of the
     model and of the AdamW step (harness/tools/calibrate_dtensor.py) -> compute.dtensor; FSDP2's host
     work per block, micro-batch and step (harness/tools/calibrate_fsdp.py) -> compute.fsdp2.
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from harness.config import CONF_DIR
 from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
-from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_fsdp
+from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp
 from harness.tools.calibrate_compute import cpu_clock, measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
@@ -50,10 +52,10 @@ LOCAL = "local"  # conf/hardware/local/: this machine's calibrated profiles, ign
 
 FULL = {"ranks": (2, 4), "sizes": (4, 4096, 262144, 4 * 2**20, 64 * 2**20), "budget_s": 0.25,
         "matmul_n": 1024, "matmul_reps": 12, "bf16_n": 512, "bf16_reps": 4, "triad_mib": 64, "triad_reps": 12,
-        "dtensor_rounds": 30, "corun_rounds": 3, "corun_window_s": 1.0}
+        "dtensor_rounds": 30, "corun_rounds": 3, "corun_window_s": 1.0, "elementwise_rounds": 7}
 QUICK = {"ranks": (2,), "sizes": (4, 65536, 2**20), "budget_s": 0.05, "matmul_n": 512, "matmul_reps": 3,
          "bf16_n": 128, "bf16_reps": 1, "triad_mib": 16, "triad_reps": 3,
-         "dtensor_rounds": 3, "corun_rounds": 1, "corun_window_s": 0.2}
+         "dtensor_rounds": 3, "corun_rounds": 1, "corun_window_s": 0.2, "elementwise_rounds": 1}
 
 
 def matmul_tflops(dtype_name: str, n: int, reps: int) -> float:
@@ -115,6 +117,11 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         mem_bw = triad_GBps(mode["triad_mib"], mode["triad_reps"])
         bar.update(task, advance=1, description="GEMM sweep, dispatch")
         compute, compute_source = measure_compute(mode is QUICK)
+        # a datasheet peak below what was just measured is wrong for this CPU: never report MFU > 100 %
+        achievable = {"fp32": round(fp32, 5), "bf16": round(bf16, 5)}
+        peak = {k: max(v, achievable.get(k, 0.0)) for k, v in dict(base_hw["peak_tflops"]).items()}
+        bar.update(task, description="element-wise ops and attention (model=small)")
+        compute.update(calibrate_elementwise.measure(mode["elementwise_rounds"], peak["fp32"]))
         bar.update(task, advance=1, description="DTensor dispatch (tp 2, fake group)")
         compute["dtensor"] = calibrate_dtensor.measure(mode["dtensor_rounds"])
         compute["fsdp2"] = calibrate_fsdp.measure(mode["dtensor_rounds"])
@@ -133,9 +140,6 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
     import torch
 
     ar2 = collectives["all_reduce"][str(mode["ranks"][0])]
-    achievable = {"fp32": round(fp32, 5), "bf16": round(bf16, 5)}
-    # a datasheet peak below what was just measured is wrong for this CPU: never report MFU > 100 %
-    peak = {k: max(v, achievable.get(k, 0.0)) for k, v in dict(base_hw["peak_tflops"]).items()}
     raised = sorted(k for k in peak if peak[k] > base_hw["peak_tflops"][k])
     link = {"bus_bw_GBps": ar2["bus_bw_GBps"], "latency_us": ar2["latency_us"]}
     when = time.strftime("%Y-%m-%d %H:%M:%S %z")
@@ -169,6 +173,8 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
             **compute_source,
             "compute.dtensor": calibrate_dtensor.SOURCE.format(rounds=mode["dtensor_rounds"]),
             "compute.fsdp2": calibrate_fsdp.SOURCE.format(rounds=mode["dtensor_rounds"]),
+            "compute.elementwise_GBps": calibrate_elementwise.SOURCE.format(
+                model=calibrate_elementwise.MODEL, mb=calibrate_elementwise.MICRO_BATCH, rounds=mode["elementwise_rounds"]),
             "compute.corun": calibrate_corun.SOURCE.format(window_s=mode["corun_window_s"], rounds=mode["corun_rounds"]),
         },
     }

@@ -15,8 +15,9 @@ checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima
 ranked by predicted tokens/s. The table says why each wins: its efficiency and what it loses to
 exposed communication and the bubble, its memory headroom, and what separates it from the next one.
 
-`--run-top K` (or plan.run_top=K) hands the best K distinct layouts (each with its best micro-batch
-size and checkpointing) to the launcher as one sweep: it runs
+`--run-top K` (or plan.run_top=K) hands the best K distinct layouts (by default distinct parallel
+degrees dp, tp, pp, ep, each with its best strategy, schedule, ZeRO stage, micro-batch size and
+checkpointing; plan.run_top_by=variant tells schedules and ZeRO stages apart too) to the launcher as one sweep: it runs
 `python -m harness -m <your overrides> study=<plan study> hydra.sweeper.runs=[[...], ...]`, the
 brigade sweeper's list of runs (hydra_plugins/brigade_sweeper), so each gets a record with its
 measurement beside this prediction; then it prints predicted vs measured rank, Spearman's rho and
@@ -200,7 +201,7 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
     return t
 
 
-def run_top(cands: list[Candidate], k: int, overrides: list[str]) -> int:
+def run_top(cands: list[Candidate], k: int, overrides: list[str], by: str = "degrees") -> int:
     """Run the best k distinct layouts as one brigade sweep (hydra.sweeper.runs), then print predicted
     vs measured rank and Spearman's rho (harness/tools/plan_check.py)."""
     import os
@@ -213,7 +214,7 @@ def run_top(cands: list[Candidate], k: int, overrides: list[str]) -> int:
     def quoted(o: str) -> str:
         return "'" + o.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
-    launched = plan_check.distinct_layouts(cands, k)
+    launched = plan_check.distinct_layouts(cands, k, by)
     runs = "[" + ",".join("[" + ",".join(quoted(o) for o in c.overrides()) + "]" for c in launched) + "]"
     keep = [o for o in overrides if not o.startswith(("plan.", "strategy", "parallel.", "workload.micro_batch_size",
                                                        "workload.activation_checkpointing", "hydra.sweeper.runs"))]
@@ -257,11 +258,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"(workload.global_batch_size) fixes the micro-batch count m = global / (dp * mb)")
     rc = 0
     if top and cands:
-        rc = run_top(cands, top, args.overrides)
+        rc = run_top(cands, top, args.overrides, run.plan.run_top_by)
     if args.dryrun_top and cands:
         from harness.tools.plan_dryrun import dryrun_top
 
-        rc |= dryrun_top(cands, args.dryrun_top, args.overrides)
+        rc |= dryrun_top(cands, args.dryrun_top, args.overrides, run.plan.run_top_by)
     n, s = counts["evaluated"], counts["seconds"]
     print(f"evaluated {n} configs in {s:.3f} s ({n / s if s else 0:.0f} configs/s)")
     return rc

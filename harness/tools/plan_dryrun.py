@@ -9,7 +9,7 @@ import time
 GiB = 1024**3
 
 
-def dryrun_top(cands, k: int, overrides: list[str]) -> int:
+def dryrun_top(cands, k: int, overrides: list[str], by: str = "degrees") -> int:
     from omegaconf import OmegaConf
 
     from harness.config import compose_run
@@ -21,7 +21,7 @@ def dryrun_top(cands, k: int, overrides: list[str]) -> int:
     if not any(o.startswith("study=") for o in keep):
         keep.append(f"study=plan_dryrun_{time.strftime('%Y%m%d_%H%M%S')}")
     rows, rc = [], 0
-    for c in plan_check.distinct_layouts(cands, k):
+    for c in plan_check.distinct_layouts(cands, k, by):
         rec = run_job(OmegaConf.structured(compose_run([*keep, *c.overrides(), "launcher=dryrun"])))
         m, p = rec.get("measured") or {}, rec.get("predicted") or {}
         rows.append((" ".join(c.overrides()), rec["status"], p.get("model_states_bytes"), m.get("model_states_bytes"),

@@ -1,0 +1,70 @@
+"""The element-wise and attention part of `python -m harness.calibrate`: how fast one core runs the
+operators between the GEMMs, measured on brigade's own model.
+
+On one CPU core the element-wise operators of a step are not bound by memory bandwidth: GELU's erf,
+the loss's exp and log, LayerNorm's reductions run at 3-5 GB/s where the STREAM triad streams
+13 GB/s (op by op, 12-02, harness/tools/op_profile.py), so traffic.py's bytes over the triad's
+bandwidth charged them about half their time. And the fused SDPA kernel runs at its own fraction
+of peak, not at the GEMM curve's rate.
+
+Method: model=small (the CPU demo model, fp32, micro-batch of 2 x 128 tokens) runs forward, the loss
+brigade trains with (models/loss.py) and backward, with its gradients dropped between rounds (so no
+gradient accumulation, which the cost model charges apart at the triad's bandwidth), for `rounds`
+rounds under OpProfile(timed=True), this thread's CPU time inside each operator:
+    elementwise_GBps = the element-wise operators' bytes (inputs read, outputs written) over their
+                       seconds and the views' (each view is an operator the step dispatches between
+                       them): the median over rounds -> compute.elementwise_GBps, the bandwidth
+                       harness/costmodel/compute.py divides a layer's and the head's traffic by.
+    attention_efficiency.fp32 = the fused kernel's FLOPs as compute.py counts them (the causal half of
+                       the core's forward, 3.5 forwards with the backward's recompute) over its seconds,
+                       as a fraction of the profile's fp32 peak: the median over rounds.
+The AdamW step and gradient accumulation stay at the triad's bandwidth (memory_bw_GBps): their
+operators are plain lerp/mul/add passes that stream (AdamW measured at 13.7 GB/s of its 72 B per
+parameter against a 13.2 GB/s triad, 12-02).
+"""
+from __future__ import annotations
+
+import statistics
+
+MODEL = "small"
+MICRO_BATCH = 2
+SOURCE = ("model={model} fp32, micro-batch {mb}, forward + loss + backward under a TorchDispatchMode timing each "
+          "aten op in this thread's CPU time (harness/tools/op_profile.py), median of {rounds} rounds: "
+          "elementwise_GBps = element-wise ops' bytes / (their seconds + the views'); attention_efficiency.fp32 = "
+          "the SDPA kernel's counted FLOPs (compute.py: causal half, 3.5 forwards) / its seconds / fp32 peak "
+          "(harness/tools/calibrate_elementwise.py)")
+
+
+def measure(rounds: int, peak_fp32_tflops: float) -> dict:
+    """{elementwise_GBps, attention_efficiency: {fp32}} of this core (module docstring)."""
+    import torch
+
+    from harness.config import compose_run
+    from harness.costmodel.inputs import Model
+    from harness.tools.op_profile import OpProfile
+    from models.gpt import build_model
+    from models.loss import cross_entropy
+
+    torch.set_num_threads(1)
+    cfg = compose_run([f"model={MODEL}"]).model
+    model = build_model(cfg, seed=0)
+    tokens = torch.randint(0, cfg.vocab_size, (MICRO_BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+
+    def step():
+        cross_entropy(model(tokens), tokens).backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # the first step allocates and picks kernels
+    core_forward = MICRO_BATCH * cfg.seq_len * Model.of(cfg).core_flops * cfg.n_layers
+    elementwise, attention = [], []
+    for _ in range(rounds):
+        with OpProfile(timed=True) as prof:
+            step()
+        s = prof.seconds
+        elementwise.append(prof.bytes["elementwise"] / max(s["elementwise"] + s["view"], 1e-9) / 1e9)
+        if prof.ops["attention"]:
+            attention.append(3.5 * 0.5 * core_forward / max(s["attention"], 1e-9) / (peak_fp32_tflops * 1e12))
+    out = {"elementwise_GBps": round(statistics.median(elementwise), 3)}
+    if attention:
+        out["attention_efficiency"] = {"fp32": round(statistics.median(attention), 4)}
+    return out

@@ -136,3 +136,18 @@ def test_elementwise_bandwidth_times_the_layers_and_heads_traffic_only():
     per_mb = tokens * (MD.L * traffic.layer_bytes_per_token(MD.cfg, 1, False, 4, 4, "none")
                        + traffic.head_bytes_per_token(MD.cfg, 1))
     assert b["compute_time_s"] - a["compute_time_s"] == pytest.approx(4 * per_mb * (4 / mem - 1 / mem), rel=1e-6)
+
+
+def test_tensor_parallel_all_reduces_are_costed_as_a_step_meets_them():
+    """collectives.all_reduce_in_step (calibrate: DTensor's functional all-reduce after each rank's own
+    compute) times the tp axis where the profile has it; dp keeps the back-to-back all_reduce."""
+    base = hardware(corun=None)
+    slow = copy.deepcopy(BASE)
+    slow["compute"].pop("corun", None)
+    fig = copy.deepcopy(BASE["collectives"]["all_reduce"]["2"])
+    fig["time_us_by_bytes"] = {k: 3 * v for k, v in fig["time_us_by_bytes"].items()}
+    slow["collectives"]["all_reduce_in_step"] = {"2": fig}
+    slow = Hardware.of(_Obj(slow))
+    a, b = predict(base, tp=2, strategy="tp"), predict(slow, tp=2, strategy="tp")
+    assert b["comm_tp_time_s"] == pytest.approx(3 * a["comm_tp_time_s"], rel=0.05)
+    assert predict(slow, dp=2, strategy="ddp", m=2)["step_time_s"] == predict(base, dp=2, strategy="ddp", m=2)["step_time_s"]

@@ -170,7 +170,7 @@ def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list
     per_layer = 4 if (st.sp or md.E) else tp_block_collectives(md.shape[9], False)["allreduce_equiv"]
     tp_calls = max(per_layer * r.layers + int(r.first) + int(r.last) for r in ranks)
     return AxisLinks(
-        tp=link("all_reduce", pl.tp, 1) if pl.tp > 1 else None,
+        tp=link(comm.IN_STEP if comm.IN_STEP in hw.collectives else "all_reduce", pl.tp, 1) if pl.tp > 1 else None,
         pp=link("send_recv", 2, pl.dp * pl.tp) if pl.pp > 1 else None,
         ep=link("all_to_all", pl.ep, pl.tp) if pl.ep > 1 and md.E else None,
         tp_calls_per_microbatch=tp_calls,

@@ -5,7 +5,8 @@
                (+ the optimizer step's DTensor dispatch with tp > 1 on a CPU profile that measured it)
     bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
     comm     = Σ α-β times per axis (comm.py, dp_comm.py); tp and pp per call from calibrate's measured time
-               per message size where the profile has one (comm.call_s)
+               per message size where the profile has one (comm.call_s), tp's all-reduce as a step meets
+               it where calibrate measured that (comm.IN_STEP: after each rank's own compute)
     exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
                the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
                unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind

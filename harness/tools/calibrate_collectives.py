@@ -15,12 +15,22 @@ import time
 from pathlib import Path
 
 from harness.config import CONF_DIR
+from harness.costmodel.comm import IN_STEP
 
 REPO = CONF_DIR.parent
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
           "send_recv": lambda n: 1.0}
+# Tensor parallelism's all-reduce as a step meets it: DTensor's functional collective (issue, then
+# wait) right after each rank computed on its own, not back to back in lockstep. Timed from the call
+# to the result: the host work of the functional path, the transfer, and the wait for the slower rank
+# of two that computed the same work (on a shared CPU their speeds differ from one moment to the next).
+# tp2 on model=small (12-02, fidelity at world 2): 212 all-reduces per step took 2.6 ms each in the
+# trace against 1.15 ms back to back for the same 256 KiB. The burst: BURST_GEMMS GEMMs of BURST_SHAPE,
+# ~5 ms on one core, about the compute between two of a tp block's all-reduces on model=small.
+FACTOR[IN_STEP] = FACTOR["all_reduce"]
+BURST_SHAPE, BURST_GEMMS = (256, 1024, 256), 2
 
 
 def _buffers(coll: str, size: int, n: int, torch):
@@ -91,10 +101,41 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str)
             done += 1
             if rank == 0:
                 Path(progress_path).write_text(f"{done} {total}")
+    results[IN_STEP] = [_in_step(size, n, budget_s, torch) for size in sizes]
     if rank == 0:
         Path(out_path).write_text(json.dumps({"world_size": n, "results": results}))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _in_step(size: int, n: int, budget_s: float, torch) -> dict:
+    """One size of IN_STEP: iterations of (the burst, then a timed functional all-reduce)."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    m, k, c = BURST_SHAPE
+    a, b = torch.randn(m, k), torch.randn(k, c)
+    x = torch.ones(max(1, size // 4))
+
+    def once() -> float:
+        for _ in range(BURST_GEMMS):
+            a @ b
+        t0 = time.perf_counter()
+        funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+        return time.perf_counter() - t0
+
+    once()
+    dist.barrier()
+    t0 = time.perf_counter()
+    once()
+    iters = int(min(50, max(4, 2 * budget_s / max(_slowest(time.perf_counter() - t0, torch), 1e-6))))
+    dist.barrier()
+    times = [once() for _ in range(iters)]
+    # the mean over ranks of each rank's median: a rank that arrives last waits little, the other long
+    t = statistics.median(times)
+    mean = torch.tensor([t], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return {"bytes": 4 * x.numel(), "time_s": float(mean.item()) / n, "iters": iters}
 
 
 # -- the parent ---------------------------------------------------------------------------------

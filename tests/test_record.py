@@ -133,3 +133,22 @@ def test_a_dry_run_and_a_real_run_of_one_config_have_different_run_ids():
     real, dry = (rec.run_id(as_dict(compose_run(base + extra))) for extra in ([], ["launcher=dryrun"]))
     assert real != dry
     assert real == rec.run_id(as_dict(compose_run(base + ["launcher.timeout_s=60"])))  # launcher knobs stay out
+
+
+def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
+    """Three passes of a study: by default each config's latest ok record, with best its fastest."""
+    import copy
+
+    from harness.tools.fidelity import table
+
+    src = Path(__file__).parents[1] / "results" / "reference" / "fidelity_cpu_q2.jsonl"
+    single = next(r for r in rec.read(src) if r["config"]["strategy"]["name"] == "single")
+    passes = []
+    for step in (1.5, 1.2, 1.8):
+        r = copy.deepcopy(single)
+        r["measured"]["step_time_s"] = step
+        r.pop("fidelity", None)
+        passes.append(r)
+    failed = {**copy.deepcopy(single), "status": "failed"}
+    assert "| single | 1.800 /" in table(passes)
+    assert "| single | 1.200 /" in table(passes + [failed], best=True)

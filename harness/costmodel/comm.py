@@ -30,8 +30,8 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
           "send_recv": lambda n: 1.0, "broadcast": lambda n: (n - 1) / n}
 # calibrate measures these; broadcast is costed as an all-gather of the same bytes
 MEASURED_AS = {"broadcast": "all_gather"}
-# calibrate's tensor-parallel all-reduce as a step meets it: DTensor's functional collective right
-# after each rank's own compute, timed to the result (harness/tools/calibrate_collectives.py); the tp
+# calibrate's tensor-parallel all-reduce as a step meets it: the time DTensor's functional collective
+# adds to each rank's own compute (harness/tools/calibrate_collectives.py); the tp
 # axis uses it where the profile has it (harness/costmodel/layout.py axis_links)
 IN_STEP = "all_reduce_in_step"
 

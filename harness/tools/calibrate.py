@@ -27,9 +27,9 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
   - collectives on gloo, launched with torchrun at 2 and 4 ranks (--quick: 2), message sizes
     4 B ... 64 MB: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv (a ring: each rank
     sends to r+1 and receives from r-1); and all_reduce_in_step, tensor parallelism's all-reduce as a
-    step meets it (harness/tools/calibrate_collectives.py IN_STEP: after each rank computed a burst, the
-    functional collective DTensor issues). For a message of S bytes and time t (the slowest rank's
-    median over iterations): algbw = S / t, busbw = algbw * factor, factor 2(n-1)/n for
+    step meets it (harness/tools/calibrate_collectives.py IN_STEP: the time DTensor's functional
+    collective adds to a burst of each rank's own compute). For a message of S bytes and time t (the
+    slowest rank's median over iterations): algbw = S / t, busbw = algbw * factor, factor 2(n-1)/n for
     all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for send_recv.
   - the α-β fit: t(S) = α + factor * S / B, least squares in relative error over the sizes (so the
     small messages pin α, the large ones B). B and α go to collectives.<name>."<n>" as bus_bw_GBps

@@ -15,21 +15,22 @@ import time
 from pathlib import Path
 
 from harness.config import CONF_DIR
+from harness.costmodel import comm
 from harness.costmodel.comm import IN_STEP
 
 REPO = CONF_DIR.parent
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-          "send_recv": lambda n: 1.0}
 # Tensor parallelism's all-reduce as a step meets it: DTensor's functional collective (issue, then
-# wait) right after each rank computed on its own, not back to back in lockstep. Timed from the call
-# to the result: the host work of the functional path, the transfer, and the wait for the slower rank
-# of two that computed the same work (on a shared CPU their speeds differ from one moment to the next).
-# tp2 on model=small (12-02, fidelity at world 2): 212 all-reduces per step took 2.6 ms each in the
-# trace against 1.15 ms back to back for the same 256 KiB. The burst: BURST_GEMMS GEMMs of BURST_SHAPE,
-# ~5 ms on one core, about the compute between two of a tp block's all-reduces on model=small.
-FACTOR[IN_STEP] = FACTOR["all_reduce"]
+# wait) right after each rank computed on its own, not back to back in lockstep. What the step pays is
+# what the all-reduce adds to it: the host work of the functional path, the transfer, the wait for the
+# slower rank of two that computed the same work, and the compute after the wait running slower than
+# back to back (this VM's core, idle ~2 ms in the wait, runs the next ~5 ms of GEMMs at 0.7-0.9x: one
+# 256x256x512 GEMM at 41-46 GFLOP/s right after a 2-5 ms sleep against 64 back to back, 12-02 06:59,
+# docs/notes.md#cpu-ops). So IN_STEP times iterations of (a burst of GEMMs, then the all-reduce) and
+# subtracts the same burst timed back to back on every rank at once. tp2 on model=small (12-02,
+# fidelity at world 2): 212 all-reduces per step, about 8 ms of compute between two; the burst:
+# BURST_GEMMS GEMMs of BURST_SHAPE, ~5 ms on one core.
+FACTOR = {**comm.FACTOR, IN_STEP: comm.FACTOR["all_reduce"]}
 BURST_SHAPE, BURST_GEMMS = (256, 1024, 256), 2
 
 
@@ -109,7 +110,9 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str)
 
 
 def _in_step(size: int, n: int, budget_s: float, torch) -> dict:
-    """One size of IN_STEP: iterations of (the burst, then a timed functional all-reduce)."""
+    """One size of IN_STEP: rounds of (iterations of the burst then a functional all-reduce, and
+    iterations of the burst alone, every rank at once); the time added = the first's median minus
+    the second's, each rank's, averaged over the ranks."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
@@ -117,25 +120,33 @@ def _in_step(size: int, n: int, budget_s: float, torch) -> dict:
     a, b = torch.randn(m, k), torch.randn(k, c)
     x = torch.ones(max(1, size // 4))
 
-    def once() -> float:
+    def burst() -> float:
+        t0 = time.perf_counter()
         for _ in range(BURST_GEMMS):
             a @ b
+        return time.perf_counter() - t0
+
+    def cycle() -> float:
         t0 = time.perf_counter()
+        burst()
         funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
         return time.perf_counter() - t0
 
-    once()
+    cycle(), burst()
     dist.barrier()
-    t0 = time.perf_counter()
-    once()
-    iters = int(min(50, max(4, 2 * budget_s / max(_slowest(time.perf_counter() - t0, torch), 1e-6))))
-    dist.barrier()
-    times = [once() for _ in range(iters)]
-    # the mean over ranks of each rank's median: a rank that arrives last waits little, the other long
-    t = statistics.median(times)
-    mean = torch.tensor([t], dtype=torch.float64)
-    dist.all_reduce(mean)
-    return {"bytes": 4 * x.numel(), "time_s": float(mean.item()) / n, "iters": iters}
+    first = _slowest(cycle(), torch)
+    per_round = int(min(25, max(2, budget_s / first)))  # ~4 budgets over 4 rounds of both kinds
+    cycles, bursts = [], []
+    for _ in range(4):  # interleaved, so drift on a shared machine falls on both alike
+        dist.barrier()
+        cycles += [cycle() for _ in range(per_round)]
+        dist.barrier()
+        bursts += [burst() for _ in range(per_round)]
+    # a rank that arrives last waits little, the other long: the mean over ranks. Not below 1 µs: with
+    # more ranks than cores a waiting rank's core computes for another, and noise can cancel the rest.
+    added = torch.tensor([statistics.median(cycles) - statistics.median(bursts)], dtype=torch.float64)
+    dist.all_reduce(added)
+    return {"bytes": 4 * x.numel(), "time_s": max(float(added.item()) / n, 1e-6), "iters": 4 * per_round}
 
 
 # -- the parent ---------------------------------------------------------------------------------

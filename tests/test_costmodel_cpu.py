@@ -21,9 +21,10 @@ DTENSOR = {"op_us": 100.0, "ops_per_layer": 78, "outside_op_us": 300.0, "ops_out
 
 
 def hardware(**compute) -> Hardware:
-    """cpu_reference with compute.<key> replaced (None: removed), and no per-size collective times
-    unless `times` is kept, so each test sees one mechanism."""
+    """cpu_reference with compute.<key> replaced (None: removed), and without the in-step all-reduce
+    (tp then takes the back-to-back all_reduce), so each test sees one mechanism."""
     hw = copy.deepcopy(BASE)
+    hw["collectives"] = {k: v for k, v in hw["collectives"].items() if k != comm.IN_STEP}
     hw["compute"] = {k: v for k, v in {**hw.get("compute", {}), **compute}.items() if v is not None}
     return Hardware.of(_Obj(hw))
 
@@ -129,7 +130,7 @@ def test_elementwise_bandwidth_times_the_layers_and_heads_traffic_only():
     from harness.costmodel import traffic
 
     mem = BASE["memory_bw_GBps"] * 1e9
-    plain, slow = hardware(corun=None), hardware(corun=None, elementwise_GBps=BASE["memory_bw_GBps"] / 4)
+    plain, slow = hardware(corun=None, elementwise_GBps=None), hardware(corun=None, elementwise_GBps=BASE["memory_bw_GBps"] / 4)
     assert plain.elem_bw == mem and slow.elem_bw == mem / 4
     a, b = predict(plain), predict(slow)
     tokens = 2 * MD.s

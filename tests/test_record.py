@@ -149,6 +149,7 @@ def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
         r["measured"]["step_time_s"] = step
         r.pop("fidelity", None)
         passes.append(r)
-    failed = {**copy.deepcopy(single), "status": "failed"}
+    failed = {**copy.deepcopy(passes[0]), "status": "failed"}
+    failed["measured"]["step_time_s"] = 0.5  # faster than any pass, but not ok: never chosen
     assert "| single | 1.800 /" in table(passes)
     assert "| single | 1.200 /" in table(passes + [failed], best=True)

@@ -26,7 +26,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 # slower rank of two that computed the same work, and the compute after the wait running slower than
 # back to back (this VM's core, idle ~2 ms in the wait, runs the next ~5 ms of GEMMs at 0.7-0.9x: one
 # 256x256x512 GEMM at 41-46 GFLOP/s right after a 2-5 ms sleep against 64 back to back, 12-02 06:59,
-# docs/notes.md#cpu-ops). So IN_STEP times iterations of (a burst of GEMMs, then the all-reduce) and
+# docs/notes.md#cpu-in-step). So IN_STEP times iterations of (a burst of GEMMs, then the all-reduce) and
 # subtracts the same burst timed back to back on every rank at once. tp2 on model=small (12-02,
 # fidelity at world 2): 212 all-reduces per step, about 8 ms of compute between two; the burst:
 # BURST_GEMMS GEMMs of BURST_SHAPE, ~5 ms on one core.

@@ -11,9 +11,10 @@ for a fixed window, reporting its median time per call; the same kernel runs alo
 Alone and together alternate, one pair per round (so load from elsewhere on the machine meets both
 alike); a round's ratio is together (the slowest process's median) over alone, and the slowdown is
 the median of the rounds' ratios. (The best of 3 rounds of each, kept apart, gave 1.0-1.89 for the
-GEMMs in four runs of one quiet minute, 12-02 07:47: a lucky quiet round of either side decided it.) Times are each process's
-CPU seconds (harness/tools/calibrate_compute.py cpu_clock): the slowdown is what the cores cost each
-other (cache, memory, clock), not another tenant's process time-sharing a core with them. Kernels:
+GEMMs in four runs of one quiet minute, 12-02 07:47: a lucky quiet round of either side decided it;
+docs/notes.md#cpu-in-step.) Times are each process's CPU seconds (harness/tools/calibrate_compute.py
+cpu_clock): the slowdown is what the cores cost each other (cache, memory, clock), not another
+tenant's process time-sharing a core with them. Kernels:
     gemm    the GEMM sweep's transformer-block projections (1024 tokens x 256 x 256 and x 1024), fp32
     memory  the STREAM triad of calibrate (3 x 64 MiB fp32)
 slowdown = together / alone, at least 1 (co-running cannot speed a core up; below 1 is noise).

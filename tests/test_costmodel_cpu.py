@@ -21,10 +21,10 @@ DTENSOR = {"op_us": 100.0, "ops_per_layer": 78, "outside_op_us": 300.0, "ops_out
 
 
 def hardware(**compute) -> Hardware:
-    """cpu_reference with compute.<key> replaced (None: removed), and without the in-step all-reduce
-    (tp then takes the back-to-back all_reduce), so each test sees one mechanism."""
+    """cpu_reference with compute.<key> replaced (None: removed), and without the in-step collectives
+    (tp then takes the back-to-back ones), so each test sees one mechanism."""
     hw = copy.deepcopy(BASE)
-    hw["collectives"] = {k: v for k, v in hw["collectives"].items() if k != comm.IN_STEP}
+    hw["collectives"] = {k: v for k, v in hw["collectives"].items() if k not in comm.IN_STEP.values()}
     hw["compute"] = {k: v for k, v in {**hw.get("compute", {}), **compute}.items() if v is not None}
     return Hardware.of(_Obj(hw))
 
@@ -152,3 +152,34 @@ def test_tensor_parallel_all_reduces_are_costed_as_a_step_meets_them():
     a, b = predict(base, tp=2, strategy="tp"), predict(slow, tp=2, strategy="tp")
     assert b["comm_tp_time_s"] == pytest.approx(3 * a["comm_tp_time_s"], rel=0.05)
     assert predict(slow, dp=2, strategy="ddp", m=2)["step_time_s"] == predict(base, dp=2, strategy="ddp", m=2)["step_time_s"]
+
+
+def test_sequence_parallel_pays_its_gathers_scatters_and_norm_gradients():
+    """With sequence parallel each of the tp2 trace's collectives is costed as what it is (model=small, mb 2,
+    4 micro-batches; the trace of 12-02 counted 136 of each per step): all-gathers and reduce-scatters of
+    the 256 KiB activations, and all-reduces of each LayerNorm parameter's (256,) fp32 gradient; each
+    from its own in-step figure where the profile has one."""
+    base = hardware(dtensor=None, corun=None)
+    st = Strategy.of(compose_run(["strategy=tp", "strategy.sequence_parallel=true"]).strategy)
+    sp = evaluate(MD, base, st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none")
+    each = 4 * (4 * MD.L + 2)  # 4 per block, one more of each on the embedding and the head's input
+    norms = 4 * (2 * 2 * MD.L + 2)  # ln1, ln2: weight and bias; ln_f on the last stage
+    assert each == norms == 136
+    act, grad = 2 * MD.s * MD.h * 4, MD.h * 4
+
+    def time(name, size):  # cpu_reference's back-to-back figure at 2 ranks
+        return comm.call_s(base.collectives[name][2], name, 2, size)
+    want = each * (time("all_gather", act) + time("reduce_scatter", act)) + norms * time("all_reduce", grad)
+    assert sp["comm_tp_time_s"] == pytest.approx(want, rel=1e-9)
+    assert sp["comm_tp_bytes"] == pytest.approx(2 * 0.5 * each * act + 1.0 * norms * grad)
+    slow = copy.deepcopy(BASE)
+    slow["compute"].pop("corun", None)
+    slow["compute"].pop("dtensor", None)
+    slow["collectives"] = {k: v for k, v in slow["collectives"].items() if k not in comm.IN_STEP.values()}
+    for name in ("all_gather", "reduce_scatter"):
+        fig = copy.deepcopy(BASE["collectives"][name]["2"])
+        fig["time_us_by_bytes"] = {k: 3 * v for k, v in fig["time_us_by_bytes"].items()}
+        slow["collectives"][comm.IN_STEP[name]] = {"2": fig}
+    b = evaluate(MD, Hardware.of(_Obj(slow)), st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none")
+    assert b["comm_tp_time_s"] - sp["comm_tp_time_s"] == pytest.approx(
+        2 * each * (time("all_gather", act) + time("reduce_scatter", act)), rel=1e-6)

@@ -11,9 +11,13 @@ so with the bus bandwidth B (busbw = algbw * factor) and latency α each call ta
 Per axis (Ψ_b = a rank's parameter bytes, G = its gradient bytes, m micro-batches of b sequences,
 E = b*s*h activation elements, L_r = layers on the rank):
     dp  per engine and accumulation mode: harness/costmodel/dp_comm.py.
-    tp  Megatron: 2 all-reduces of E per layer in forward, 2 in backward, per micro-batch (with
-        sequence parallel the same bytes as all-gather/reduce-scatter pairs), plus the vocab-parallel
-        embedding's forward all-reduce and the head input's backward all-reduce.
+    tp  Megatron's split, per micro-batch: all-reduces of E per layer (params.tp_block_collectives:
+        2 forward, one backward per column-parallel projection brigade's plan wraps alone), plus the
+        vocab-parallel embedding's forward all-reduce and the head input's backward all-reduce. With
+        sequence parallel (DTensor, measured on the runtime's trace, docs/notes.md#cpu-in-step): 4
+        all-gathers and 4 reduce-scatters of E per layer, one of each more on the first stage (the
+        embedding) and the last (the head's input); and an all-reduce of every norm parameter's
+        gradient (replicated, fed a sequence-sharded input), 2 per LayerNorm, 1 per RMSNorm.
     pp  point-to-point E (fp32 residual stream) forward and its gradient backward, per micro-batch
         per stage boundary a rank owns.
     ep  all-to-all of the routed tokens b*s*top_k*h twice in forward (dispatch, combine) and twice
@@ -30,10 +34,11 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
           "send_recv": lambda n: 1.0, "broadcast": lambda n: (n - 1) / n}
 # calibrate measures these; broadcast is costed as an all-gather of the same bytes
 MEASURED_AS = {"broadcast": "all_gather"}
-# calibrate's tensor-parallel all-reduce as a step meets it: the time DTensor's functional collective
-# adds to each rank's own compute (harness/tools/calibrate_collectives.py); the tp
-# axis uses it where the profile has it (harness/costmodel/layout.py axis_links)
-IN_STEP = "all_reduce_in_step"
+# calibrate's tensor-parallel collectives as a step meets them: the time DTensor's functional collective
+# adds to each rank's own compute (harness/tools/calibrate_collectives.py), under the profile's name
+# "<collective>_in_step"; the tp axis uses them where the profile has them (harness/costmodel/layout.py
+# axis_links): the all-reduce without sequence parallelism, the all-gather and reduce-scatter with it
+IN_STEP = {c: f"{c}_in_step" for c in ("all_reduce", "all_gather", "reduce_scatter")}
 
 
 class Link:

@@ -19,7 +19,8 @@ from harness.costmodel.dp_comm import dp_collectives
 from harness.costmodel import memory as mem
 from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
-from harness.costmodel.params import block_numel, block_tensors, numel, option, rank_inventory, tp_block_collectives
+from harness.costmodel.params import (block_numel, block_tensors, norm_tensors, numel, option, rank_inventory,
+                                      tp_block_collectives)
 
 
 @dataclass(slots=True)
@@ -72,12 +73,15 @@ class PerToken:
 
 @dataclass(slots=True)
 class AxisLinks:
-    tp: comm.Link | None
+    tp: comm.Link | None  # the all-reduce (sequence parallel: the norm parameters' gradients)
     pp: comm.Link | None
     ep: comm.Link | None
-    tp_calls_per_microbatch: int
+    tp_calls_per_microbatch: int  # all-reduces of the activations; with sequence parallel, all-gathers
     pp_sends_per_microbatch: int
     ep_layers: int
+    tp_gather: comm.Link | None = None  # sequence parallel: its all-gathers and reduce-scatters of the
+    tp_scatter: comm.Link | None = None  # activations, tp_calls_per_microbatch of each
+    tp_norm_grads_per_microbatch: int = 0  # sequence parallel: all-reduces of a norm parameter's gradient
 
 
 @dataclass(slots=True)
@@ -163,19 +167,28 @@ def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list
     def link(coll, n, stride):
         return comm.collective_link(hw, coll, n, stride, pl.ranks_per_node)
 
-    # Per layer: params.tp_block_collectives (6 all-reduces for a GELU MLP, 7 for SwiGLU; 4 all-reduce
-    # equivalents with sequence parallel; the profiled window counted 6 per layer on model=tiny).
+    def tp_link(coll):  # as a step meets it where calibrate measured that (comm.IN_STEP)
+        return link(comm.IN_STEP[coll] if comm.IN_STEP[coll] in hw.collectives else coll, pl.tp, 1) if pl.tp > 1 else None
+
+    # Per layer: params.tp_block_collectives (6 all-reduces for a GELU MLP, 7 for SwiGLU; the profiled
+    # window counted 6 per layer on model=tiny; with sequence parallel 4 all-gathers and 4
+    # reduce-scatters, tp2 on model=small's trace: 136 of each per step = (4 x 8 layers + 2) x 4
+    # micro-batches, and 136 all-reduces of a (256,) norm gradient = (4 x 8 + 2) x 4; comm.py).
     # A MoE MLP is not TP-sharded (experts whole on every tp rank): its block has attention's 4 (o
     # forward; q, k, v backward; the 4D run on moe_tiny measured 9 per stage and micro-batch, 2 layers).
     per_layer = 4 if (st.sp or md.E) else tp_block_collectives(md.shape[9], False)["allreduce_equiv"]
     tp_calls = max(per_layer * r.layers + int(r.first) + int(r.last) for r in ranks)
+    norm = norm_tensors(option(md.cfg, "norm"))
     return AxisLinks(
-        tp=link(comm.IN_STEP if comm.IN_STEP in hw.collectives else "all_reduce", pl.tp, 1) if pl.tp > 1 else None,
+        tp=tp_link("all_reduce"),
         pp=link("send_recv", 2, pl.dp * pl.tp) if pl.pp > 1 else None,
         ep=link("all_to_all", pl.ep, pl.tp) if pl.ep > 1 and md.E else None,
         tp_calls_per_microbatch=tp_calls,
         pp_sends_per_microbatch=max(comm.pp_sends(r.stages, pl.n_stages) for r in ranks),
-        ep_layers=max(r.layers for r in ranks))
+        ep_layers=max(r.layers for r in ranks),
+        tp_gather=tp_link("all_gather") if st.sp else None,
+        tp_scatter=tp_link("reduce_scatter") if st.sp else None,
+        tp_norm_grads_per_microbatch=max(norm * (2 * r.layers + int(r.last)) for r in ranks) if st.sp and pl.tp > 1 else 0)
 
 
 def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,

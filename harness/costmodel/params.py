@@ -126,8 +126,13 @@ def _linear(name: str, out_in: tuple[int, int], tp: int, bias: bool, kind: str =
     return out
 
 
+def norm_tensors(norm: str) -> int:
+    """Parameter tensors of one norm: LayerNorm's weight and bias, RMSNorm's weight."""
+    return 2 if norm == "layernorm" else 1
+
+
 def _norms(norm: str, h: int, count: int) -> list:
-    return [(count * (2 if norm == "layernorm" else 1), h, 1, "dense")]  # weight (+ bias), replicated
+    return [(count * norm_tensors(norm), h, 1, "dense")]  # replicated
 
 
 def block_tensors(shape: tuple, tp: int, ep: int) -> list[tuple[int, int, int, str]]:

@@ -5,8 +5,9 @@
                (+ the optimizer step's DTensor dispatch with tp > 1 on a CPU profile that measured it)
     bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
     comm     = Σ α-β times per axis (comm.py, dp_comm.py); tp and pp per call from calibrate's measured time
-               per message size where the profile has one (comm.call_s), tp's all-reduce as a step meets
-               it where calibrate measured that (comm.IN_STEP: after each rank's own compute)
+               per message size where the profile has one (comm.call_s), tp's collectives (all-reduce;
+               sequence parallel: all-gather, reduce-scatter) as a step meets them where calibrate
+               measured that (comm.IN_STEP: after each rank's own compute)
     exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
                the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
                unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind
@@ -102,15 +103,24 @@ def _exposed(lo, c, t: float, calls: int, t_mb: float, m: int, compute_s: float)
 
 
 def tp_comm(lo, mb: int, m: int) -> AxisComm:
-    link = lo.links.tp
-    if link is None:
+    """All-reduces of the activations; with sequence parallel all-gathers and reduce-scatters of them and
+    the norm gradients' all-reduces (comm.py)."""
+    links, tp = lo.links, lo.place.tp
+    if links.tp is None:
         return AxisComm(0.0, 0.0, 0.0)
-    calls = m * lo.links.tp_calls_per_microbatch
+    calls = m * links.tp_calls_per_microbatch
     one = mb * lo.model.s * lo.model.h * lo.per_token.act_elem_bytes
-    size = calls * one
-    factor = comm.FACTOR["all_reduce"](lo.place.tp)
-    t = calls * comm.call_s(link, "all_reduce", lo.place.tp, one)
-    return AxisComm(factor * size, t, 0.0 if lo.strategy.tp_comm_overlap and lo.can_overlap else t)
+    if links.tp_gather is None:
+        sent = comm.FACTOR["all_reduce"](tp) * calls * one
+        t = calls * comm.call_s(links.tp, "all_reduce", tp, one)
+    else:
+        norms, norm_bytes = m * links.tp_norm_grads_per_microbatch, 4 * lo.model.h  # fp32 parameters' gradients
+        sent = (2 * comm.FACTOR["all_gather"](tp) * calls * one
+                + comm.FACTOR["all_reduce"](tp) * norms * norm_bytes)
+        t = (calls * (comm.call_s(links.tp_gather, "all_gather", tp, one)
+                      + comm.call_s(links.tp_scatter, "reduce_scatter", tp, one))
+             + norms * comm.call_s(links.tp, "all_reduce", tp, norm_bytes))
+    return AxisComm(sent, t, 0.0 if lo.strategy.tp_comm_overlap and lo.can_overlap else t)
 
 
 def pp_comm(lo, mb: int, m: int) -> AxisComm:

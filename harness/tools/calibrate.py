@@ -26,9 +26,10 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
     (harness/tools/calibrate_corun.py) -> compute.corun.
   - collectives on gloo, launched with torchrun at 2 and 4 ranks (--quick: 2), message sizes
     4 B ... 64 MB: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv (a ring: each rank
-    sends to r+1 and receives from r-1); and all_reduce_in_step, tensor parallelism's all-reduce as a
-    step meets it (harness/tools/calibrate_collectives.py IN_STEP: the time DTensor's functional
-    collective adds to a burst of each rank's own compute). For a message of S bytes and time t (the
+    sends to r+1 and receives from r-1); and all_reduce_in_step, all_gather_in_step and
+    reduce_scatter_in_step, tensor parallelism's collectives as a step meets them (with and without
+    sequence parallelism; harness/tools/calibrate_collectives.py IN_STEP: the time DTensor's
+    functional collective adds to a burst of each rank's own compute). For a message of S bytes and time t (the
     slowest rank's median over iterations): algbw = S / t, busbw = algbw * factor, factor 2(n-1)/n for
     all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for send_recv.
   - the α-β fit: t(S) = α + factor * S / B, least squares in relative error over the sizes (so the
@@ -108,7 +109,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
     console = console or Console(stderr=True)
     per_run = len(COLLECTIVES) * len(mode["sizes"])
     steps = 6 + per_run * len(mode["ranks"])
-    collectives: dict = {name_: {} for name_ in (*COLLECTIVES, IN_STEP)}
+    collectives: dict = {name_: {} for name_ in (*COLLECTIVES, *IN_STEP.values())}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
         task = bar.add_task("matmul fp32", total=steps)

@@ -20,17 +20,18 @@ from harness.costmodel.comm import IN_STEP
 
 REPO = CONF_DIR.parent
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-# Tensor parallelism's all-reduce as a step meets it: DTensor's functional collective (issue, then
-# wait) right after each rank computed on its own, not back to back in lockstep. What the step pays is
-# what the all-reduce adds to it: the host work of the functional path, the transfer, the wait for the
+# Tensor parallelism's collectives as a step meets them (IN_STEP: the all-reduce, and sequence
+# parallelism's all-gather and reduce-scatter): DTensor's functional collective (issue, then wait)
+# right after each rank computed on its own, not back to back in lockstep. What the step pays is what
+# the collective adds to it: the host work of the functional path, the transfer, the wait for the
 # slower rank of two that computed the same work, and the compute after the wait running slower than
 # back to back (this VM's core, idle ~2 ms in the wait, runs the next ~5 ms of GEMMs at 0.7-0.9x: one
 # 256x256x512 GEMM at 41-46 GFLOP/s right after a 2-5 ms sleep against 64 back to back, 12-02 06:59,
-# docs/notes.md#cpu-in-step). So IN_STEP times iterations of (a burst of GEMMs, then the all-reduce) and
+# docs/notes.md#cpu-in-step). So IN_STEP times iterations of (a burst of GEMMs, then the collective) and
 # subtracts the same burst timed back to back on every rank at once. tp2 on model=small (12-02,
 # fidelity at world 2): 212 all-reduces per step, about 8 ms of compute between two; the burst:
 # BURST_GEMMS GEMMs of BURST_SHAPE, ~5 ms on one core.
-FACTOR = {**comm.FACTOR, IN_STEP: comm.FACTOR["all_reduce"]}
+FACTOR = {**comm.FACTOR, **{name: comm.FACTOR[coll] for coll, name in IN_STEP.items()}}
 BURST_SHAPE, BURST_GEMMS = (256, 1024, 256), 2
 
 
@@ -102,23 +103,31 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str)
             done += 1
             if rank == 0:
                 Path(progress_path).write_text(f"{done} {total}")
-    results[IN_STEP] = [_in_step(size, n, budget_s, torch) for size in sizes]
+    for coll, name in IN_STEP.items():
+        results[name] = [_in_step(coll, size, n, budget_s, torch) for size in sizes]
     if rank == 0:
         Path(out_path).write_text(json.dumps({"world_size": n, "results": results}))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _in_step(size: int, n: int, budget_s: float, torch) -> dict:
-    """One size of IN_STEP: rounds of (iterations of the burst then a functional all-reduce, and
+def _in_step(coll: str, size: int, n: int, budget_s: float, torch) -> dict:
+    """One size of coll's IN_STEP: rounds of (iterations of the burst then the functional collective, and
     iterations of the burst alone, every rank at once); the time added = the first's median minus
-    the second's, each rank's, averaged over the ranks."""
+    the second's, each rank's, averaged over the ranks. Bytes as nccl-tests counts them (_buffers)."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
     m, k, c = BURST_SHAPE
     a, b = torch.randn(m, k), torch.randn(k, c)
-    x = torch.ones(max(1, size // 4))
+    elems = max(1, size // 4)
+    if coll != "all_reduce":
+        elems = max(n, elems // n * n)
+    group = dist.group.WORLD
+    x = torch.ones(elems // n if coll == "all_gather" else elems)
+    functional = {"all_reduce": lambda: funcol.all_reduce(x, "sum", group),
+                  "all_gather": lambda: funcol.all_gather_tensor(x, 0, group),
+                  "reduce_scatter": lambda: funcol.reduce_scatter_tensor(x, "sum", 0, group)}[coll]
 
     def burst() -> float:
         t0 = time.perf_counter()
@@ -129,7 +138,7 @@ def _in_step(size: int, n: int, budget_s: float, torch) -> dict:
     def cycle() -> float:
         t0 = time.perf_counter()
         burst()
-        funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+        functional().wait()
         return time.perf_counter() - t0
 
     cycle(), burst()
@@ -146,7 +155,7 @@ def _in_step(size: int, n: int, budget_s: float, torch) -> dict:
     # more ranks than cores a waiting rank's core computes for another, and noise can cancel the rest.
     added = torch.tensor([statistics.median(cycles) - statistics.median(bursts)], dtype=torch.float64)
     dist.all_reduce(added)
-    return {"bytes": 4 * x.numel(), "time_s": max(float(added.item()) / n, 1e-6), "iters": 4 * per_round}
+    return {"bytes": 4 * elems, "time_s": max(float(added.item()) / n, 1e-6), "iters": 4 * per_round}
 
 
 # -- the parent ---------------------------------------------------------------------------------

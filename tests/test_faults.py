@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.run import record as rec
 from tests.helpers import FAST, REPO
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ def strict_records(results_dir: Path, study: str = "adhoc") -> list[dict]:
         raise AssertionError(f"non-standard JSON constant {name}")
 
     path = Path(results_dir) / f"{study}.jsonl"
-    text = path.read_text() if path.exists() else ""
+    text = rec.locked_bytes(path).decode() if path.exists() else ""  # as every reader: no append half-seen
     assert not text or text.endswith("\n"), "a torn last line"
     return [json.loads(l, parse_constant=refuse) for l in text.splitlines()]
 

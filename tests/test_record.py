@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import multiprocessing as mp
+import os
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,26 @@ def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
     failed["measured"]["step_time_s"] = 0.5  # faster than any pass, but not ok: never chosen
     assert "| single | 1.800 /" in table(passes)
     assert "| single | 1.200 /" in table(passes + [failed], best=True)
+
+
+def test_a_reader_waits_for_an_append_in_progress(tmp_path):
+    """read() takes the append's flock shared: while a writer holds it, the reader waits rather than see
+    the part of a record the kernel has copied so far (a torn last line, seen by a lockless poll)."""
+    import fcntl
+    import threading
+
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"run_id": "a"}\n{"run_id": "b", "half": ')  # what a lockless reader could see mid-append
+    got = []
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the writer, mid-append
+    reader = threading.Thread(target=lambda: got.append(rec.read(path)))
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive() and not got  # waiting on the lock, not reading
+    os.lseek(fd, 0, os.SEEK_END)
+    os.write(fd, b'1}\n')
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    reader.join(5)
+    assert [r["run_id"] for r in got[0]] == ["a", "b"]

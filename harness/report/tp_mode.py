@@ -72,14 +72,16 @@ def _panel(study: Study, run: Run) -> str:
                                                                   f"{run.dtype_bytes} bytes/element")],
             [f"per block per micro-batch: {counts['allreduce_equiv']} x 2(t-1)/t x A",
              num_span(nbytes(per_block), "tp-bytes-block"), "",
-             ("2 all-gathers + 2 reduce-scatters forward, the same backward (4 all-reduce equivalents)" if sp else
+             ("2 all-gathers + 2 reduce-scatters forward, the same backward (4 all-reduce equivalents); "
+              "DTensor also all-reduces each norm parameter's gradient (h elements) every micro-batch" if sp else
               f"{counts['fwd']} all-reduces forward (after o, fc2) + {counts['bwd']} backward (input gradients of "
               "q, k, v, fc1: separate layers here; Megatron fuses qkv)")],
             [f"blocks only, per step: x {layers // pp} blocks/rank x {mb} micro-batches",
              num_span(nbytes(per_step), "tp-bytes-blocks-step"), "", "formula"],
             ["all tp collectives per step", num_span(nbytes(meas_bytes), "tp-bytes-measured"),
              num_span(nbytes(pred_bytes, "not predicted"), "tp-bytes-predicted"),
-             "measured: flight recorder; predicted: cost model (adds embedding and loss)"]]
+             "measured: flight recorder; predicted: cost model (adds embedding and loss"
+             + (", and the norm gradients)" if sp else ")")]]
     for name, c in sorted(run.collectives_of("tp").items()):
         rows.append([f"&nbsp;&nbsp;{esc(name)}", esc(nbytes(c.get("bytes"))), "",
                      esc(f"{c.get('count', 0):g} per step, {seconds(c.get('time_s'))}")])
@@ -107,7 +109,8 @@ def _sentences(study, run, t, msg, per_block, counts, sp) -> list[str]:
         out.append("The measured communication share of the tp axis: not measured for this run"
                    + (f"; the cost model predicts {num_span(pct(pred), 'tp-comm-share-pred')} of the step at "
                       f"tp={t} on {esc(run.cfg('hardware', 'name'))}." if pred is not None else "."))
-    how = ("2 all-gathers and 2 reduce-scatters forward and the same backward" if sp else
+    how = ("2 all-gathers and 2 reduce-scatters forward and the same backward (and a small all-reduce of "
+           "each norm parameter's gradient, since the norms see a sequence-sharded input)" if sp else
            f"{counts['fwd']} all-reduces forward and {counts['bwd']} backward")
     out.append(f"The price: every block moves (b, s, h) activations ({esc(nbytes(msg))} each) through {how}, "
                f"{num_span(nbytes(per_block), 'tp-bytes')} sent per rank per block per micro-batch.")

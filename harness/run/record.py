@@ -5,7 +5,10 @@ what is already done (already_done).
 Appends are all or nothing: one line under an exclusive flock, with O_APPEND, so concurrent jobs
 (SLURM arrays) never interleave; a short write (disk full, file size limit) is continued, and on an
 error the file is truncated back to where it was, under the lock, and the error raised (the caller
-reports the run as not recorded). Records are never rewritten; a reader skips a torn line (a writer
+reports the run as not recorded). Readers take the same flock shared (locked_bytes), so a reader
+polling a live study never sees half of an append in progress: the kernel grows the file page by page
+during one write(2), and a lockless read of a ~20 KB record mid-write saw a torn last line (the fault
+test's poll, at load 2-4, 12-02). Records are never rewritten; a reader skips a torn line (a writer
 killed mid-line) with a warning. Lines are strict JSON: a non-finite number is written as null.
 """
 from __future__ import annotations
@@ -125,11 +128,21 @@ def finite(obj):
     return obj
 
 
+def locked_bytes(path: Path) -> bytes:
+    """The file's bytes under a shared flock: whole appends only (append holds it exclusive)."""
+    with open(path, "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        try:
+            return f.read()
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def read(path: Path) -> list[dict]:
     if not Path(path).exists():
         return []
     out = []
-    for i, line in enumerate(Path(path).read_bytes().splitlines(), 1):
+    for i, line in enumerate(locked_bytes(Path(path)).splitlines(), 1):
         try:
             out.append(json.loads(line))
         except (json.JSONDecodeError, UnicodeDecodeError):

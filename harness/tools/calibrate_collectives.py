@@ -35,13 +35,17 @@ FACTOR = {**comm.FACTOR, **{name: comm.FACTOR[coll] for coll, name in IN_STEP.it
 BURST_SHAPE, BURST_GEMMS = (256, 1024, 256), 2
 
 
+def _elems(coll: str, size: int, n: int) -> int:
+    """fp32 elements of a size-byte message (nccl-tests' S), divisible into n equal chunks where split."""
+    elems = max(1, size // 4)
+    return max(n, elems // n * n) if coll in ("all_gather", "reduce_scatter", "all_to_all") else elems
+
+
 def _buffers(coll: str, size: int, n: int, torch):
     """(callable, bytes as nccl-tests counts them) for one message size."""
     import torch.distributed as dist
 
-    elems = max(1, size // 4)
-    if coll in ("all_gather", "reduce_scatter", "all_to_all"):
-        elems = max(n, elems // n * n)  # divisible into n equal chunks
+    elems = _elems(coll, size, n)
     rank = dist.get_rank()
     if coll == "all_reduce":
         x = torch.ones(elems)
@@ -120,9 +124,7 @@ def _in_step(coll: str, size: int, n: int, budget_s: float, torch) -> dict:
 
     m, k, c = BURST_SHAPE
     a, b = torch.randn(m, k), torch.randn(k, c)
-    elems = max(1, size // 4)
-    if coll != "all_reduce":
-        elems = max(n, elems // n * n)
+    elems = _elems(coll, size, n)
     group = dist.group.WORLD
     x = torch.ones(elems // n if coll == "all_gather" else elems)
     functional = {"all_reduce": lambda: funcol.all_reduce(x, "sum", group),

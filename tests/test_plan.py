@@ -44,6 +44,28 @@ def test_plan_ranks_feasible_configs_that_brigade_accepts():
         assert p["num_microbatches"] == c.m and p["fits_in_memory"], c.overrides()
 
 
+def test_why_names_what_makes_the_compute_differ():
+    """Between two layouts that won on compute, `why` says recompute only where the checkpointing differs,
+    else the GEMM shapes (tp, micro-batch) that did it."""
+    from copy import copy
+
+    from harness.tools.plan import why
+
+    def replace(c, **changes):
+        out = copy(c)
+        for k, v in changes.items():
+            setattr(out, k, v)
+        return out
+
+    cands, _ = search(compose_run(BIG), 1024)
+    a = cands[0]
+    slower = {**a.pred, "compute_time_s": a.pred["compute_time_s"] * 1.5, "tokens_per_s": a.pred["tokens_per_s"] / 1.2}
+    same_ckpt = replace(a, tp=a.tp * 2, mb=a.mb * 2, pred=slower)
+    assert f"less compute (GEMMs at tp {a.tp} mb {a.mb} vs tp {a.tp * 2} mb {a.mb * 2})" in why(a, same_ckpt, 80 * 1024**3)
+    other = "full" if a.ckpt != "full" else "none"
+    assert f"less compute ({a.ckpt} vs {other} checkpointing)" in why(a, replace(a, ckpt=other, pred=slower), 80 * 1024**3)
+
+
 def test_every_layout_maps_to_a_strategy_brigade_has():
     assert strategy_of(1, 1, 1, 1, 0) == ("single", {})
     assert strategy_of(8, 1, 1, 1, 2) == ("zero2", {})

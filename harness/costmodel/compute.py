@@ -15,7 +15,8 @@ GEMM (M, N, K) in dtype of e bytes, on a profile with a `compute.gemm.<dtype>` c
     output tiles leaves units idle (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
     wave quantization), with the tile (tm, tn) and unit count (SMs) of the profile;
     or, for a measured sweep, R at the measured GEMM shapes nearest (M, N, K) in log space (`shapes`:
-    [M, N, K, TFLOP/s], harness/tools/calibrate_compute.py), or of an older profile R(2MNK) interpolated
+    [M, N, K, TFLOP/s]: `calibrate`'s sweep, harness/tools/calibrate_compute.py, or a cited table, H100's from
+    OpenXLA, conf/hardware/h100_sxm.yaml), or of an older profile R(2MNK) interpolated
     in log FLOPs (`points`: [GEMM FLOPs, TFLOP/s] pairs).
 Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gpt.py: q, k, v, o and
 the MLP's matrices, separate nn.Linear; k and v n_kv_heads x head_dim wide under GQA): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
@@ -44,7 +45,7 @@ All of it, like the GEMMs, divides by the placement's CPU slowdown.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.costmodel.params import MLP_MATRICES, SELECTIVE_OP_RECOMPUTED, block_projections
 
@@ -58,6 +59,7 @@ class GemmCurve:
     points: tuple = ()  # ((log GEMM FLOPs, FLOP/s), ...) measured, sorted
     half_ridge: float = 0.0  # c: intensity of half saturation / the ridge point R/B (0: no saturation)
     shapes: tuple = ()  # ((log M, log N, log K, FLOP/s), ...) measured GEMMs
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)  # (M, N, K) -> rate from `shapes`: the planner asks for the same few shapes per model
 
     @classmethod
     def of(cls, cfg) -> "GemmCurve":
@@ -71,7 +73,10 @@ class GemmCurve:
     def rate(self, m: float, n: float, k: float) -> float:
         """FLOP/s of one (M, N, K) GEMM, before the memory-bound limit."""
         if self.shapes:
-            return _nearest_shapes(self.shapes, math.log(max(m, 1.0)), math.log(max(n, 1.0)), math.log(max(k, 1.0)))
+            key = (m, n, k)
+            if key not in self._memo:
+                self._memo[key] = _nearest_shapes(self.shapes, math.log(max(m, 1.0)), math.log(max(n, 1.0)), math.log(max(k, 1.0)))
+            return self._memo[key]
         if self.points:
             return _interpolate(self.points, math.log(max(2 * m * n * k, 1.0)))
         if not self.units:

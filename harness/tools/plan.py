@@ -164,9 +164,13 @@ def why(c: Candidate, nxt: Candidate | None, mem_bytes: float) -> str:
         return text
     q = nxt.pred
     gain = 100 * (p["tokens_per_s"] / q["tokens_per_s"] - 1)
+    if c.ckpt != nxt.ckpt:  # what makes the compute differ: recompute, else the GEMMs' shapes
+        compute = f"less compute ({c.ckpt} vs {nxt.ckpt} checkpointing)"
+    else:
+        compute = f"less compute (GEMMs at tp {c.tp} mb {c.mb} vs tp {nxt.tp} mb {nxt.mb})"
     diffs = {"less exposed comm": q["comm_exposed_time_s"] - p["comm_exposed_time_s"],
              "smaller bubble": q["bubble_time_s"] - p["bubble_time_s"],
-             "less compute (recompute)": q["compute_time_s"] - p["compute_time_s"]}
+             compute: q["compute_time_s"] - p["compute_time_s"]}
     reason, delta = max(diffs.items(), key=lambda kv: kv[1])
     if gain < 0.05 or delta <= 0:
         return text + "; tie with the next"

@@ -114,7 +114,7 @@ def _sentences(study, run, n, g_full, formula, meas_bytes, pred_bytes, stage) ->
     if tps and base and base.run_id != run.run_id:
         s = tps / (base.m("tokens_per_s") / base.world)
         out.append(f"At dp={n} this study measured {num_span(rate(tps), 'dp-tokens')} tokens/s, "
-                   f"{num_span(f'{s:.2f}x', 'dp-speedup')} the throughput of {esc(base.label)} per device "
+                   f"{num_span(f'{s:.2f}x', 'dp-speedup')} the per-device throughput of {esc(base.label)} "
                    f"(scaling efficiency {num_span(pct(100 * s / run.world), 'dp-efficiency')}).")
     elif not run.ok:
         out.append(f"This run did not finish ({esc(run.status)}): {esc((run.r.get('error') or '')[:200])}")

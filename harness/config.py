@@ -128,6 +128,8 @@ class LinkConfig:
     bus_bw_GBps: float = MISSING  # achievable bus bandwidth, nccl-tests definition, GB/s (1e9 B/s)
     latency_us: float = MISSING  # per-collective start-up latency (alpha), microseconds
     nics_per_node: int = 1  # inter_node: NICs a node's rings can spread over (bus_bw_GBps is one NIC's)
+    ring_hop_latency_us: float = 0.0  # latency of one ring step over this link (NCCL's hwLat); 0 = a flat latency_us per call
+    tree_hop_latency_us: float = 0.0  # latency of one tree level over this link (NCCL's hwLat, all-reduce); 0 = no tree
 
 
 @dataclass

@@ -56,6 +56,8 @@ DOMAINS = {
     "hardware.memory_GiB": POSITIVE, "hardware.memory_bw_GBps": NON_NEGATIVE,
     "hardware.intra_node.bus_bw_GBps": POSITIVE, "hardware.intra_node.latency_us": NON_NEGATIVE,
     "hardware.inter_node.bus_bw_GBps": POSITIVE, "hardware.inter_node.latency_us": NON_NEGATIVE,
+    "hardware.intra_node.ring_hop_latency_us": NON_NEGATIVE, "hardware.inter_node.ring_hop_latency_us": NON_NEGATIVE,
+    "hardware.intra_node.tree_hop_latency_us": NON_NEGATIVE, "hardware.inter_node.tree_hop_latency_us": NON_NEGATIVE,
     "launcher.nodes": DEGREE, "launcher.nproc_per_node": (_int_at_least(0, MAX_WORLD), f"in 0..{MAX_WORLD}"), "launcher.timeout_s": POSITIVE,
     "launcher.master_port": (_int_at_least(0, 65535), "0 (a free port) or 1-65535"),
     "launcher.cpus_per_task": SIZE, "launcher.gpus_per_node": COUNT, "launcher.time_min": SIZE,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.config import compose_run
+from harness.costmodel import comm
 from harness.costmodel.compute import GemmCurve, gemm_time
 from harness.costmodel.estimate import evaluate
 from harness.costmodel.inputs import Hardware, Model, Strategy
@@ -173,3 +174,40 @@ def test_bf16_gradient_reduction_moves_half_the_gradient_bytes(tmp_path):
     with pytest.raises(ConfigError, match="comm_hook fp16 is a DDP hook"):
         validate(to_run_config(compose_config(["model=tiny", "strategy=fsdp", "parallel.dp=2",
                                                "strategy.comm_hook=fp16"], tmp_path)))
+
+
+def test_a_collective_across_nodes_pays_nccls_latency_per_ring_step_and_tree_level():
+    """NCCL's latency model (conf/hardware/a100_80g.yaml, source collective_latency): a ring's chunks
+    pass every rank in turn, so a collective over 1536 ranks pays milliseconds where one over a node
+    pays microseconds; an all-reduce takes NCCL's tree where it is quicker. Within a node, and on a
+    profile without hop latencies (the CPU's), one flat latency per call as before."""
+    a100, us = Hardware.of(compose_run(["hardware=a100_80g"]).hardware), 1e-6
+    assert comm.collective_link(a100, "all_gather", 1536, 1, 8).alpha_s == pytest.approx((20 + 1344 * 1.9 + 191 * 4.0) * us)
+    assert comm.collective_link(a100, "reduce_scatter", 16, 1, 8).alpha_s == pytest.approx((20 + 14 * 1.9 + 4.0) * us)
+    # an all-reduce: ring (twice the steps) or tree, whichever is quicker
+    assert comm.collective_link(a100, "all_reduce", 2, 8, 8).alpha_s == pytest.approx((20 + 2 * 4.0) * us)
+    assert comm.collective_link(a100, "all_reduce", 16, 1, 8).alpha_s == pytest.approx((20 + 2 * (7 * 1.25 + 8.5)) * us)
+    # 48 nodes, one rank on each (tp 8): 5 tree levels each way beat 94 ring steps
+    assert comm.collective_link(a100, "all_reduce", 48, 8, 8).alpha_s == pytest.approx((20 + 2 * 5 * 8.5) * us)
+    assert comm.collective_link(a100, "all_gather", 8, 1, 8).alpha_s == pytest.approx(10 * us)
+    cpu = Hardware.of(compose_run(["hardware=cpu_reference"]).hardware)
+    assert cpu.hops == comm.Hops()
+    assert comm.collective_link(cpu, "all_gather", 1536, 1, 1).alpha_s == cpu.inter.alpha_s
+
+
+def test_fsdp_reduce_scatters_once_per_unit_and_pays_the_ring_at_scale():
+    """FSDP reduce-scatters each unit's gradients (not DDP's 25 MB buckets): per micro-batch as many
+    calls as units, whatever the reduce dtype. At 1024 ranks each call pays the ring's ~1.8 ms, and
+    part of it shows in the step; within a node nothing changes."""
+    st = strategy("strategy=zero3", "strategy.fsdp_accumulate=sharded")
+    flat = Hardware.of(compose_run(["hardware=h100_sxm"] + [f"hardware.{link}.{hop}_hop_latency_us=0"
+                                   for link in ("intra_node", "inter_node") for hop in ("ring", "tree")]).hardware)
+    def at(hw, dp):
+        return evaluate(MD, hw, st, dp, 1, 1, 1, 1, 1, 4, "bf16-mixed", "full", detail=False)
+    units, m = MD.L + 1, 4
+    gathers, scatters = 2 * m * units, m * units  # reshard after forward: gathered again for backward
+    n, nodes = 1024, 128
+    extra = (gathers + scatters) * ((n - nodes) * 1.9 + (nodes - 1) * 4.0) * 1e-6
+    assert at(HW, n)["comm_time_s"] - at(flat, n)["comm_time_s"] == pytest.approx(extra)
+    assert at(HW, n)["comm_exposed_time_s"] > at(flat, n)["comm_exposed_time_s"] + 0.1 * extra
+    assert at(HW, 8)["comm_time_s"] == at(flat, 8)["comm_time_s"]

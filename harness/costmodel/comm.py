@@ -28,6 +28,7 @@ reduce_scatter bus bandwidth already carries that cost, the volumes keep the alg
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
@@ -50,6 +51,35 @@ class Link:
         self.alpha_s, self.bw_Bps, self.measured = alpha_s, bw_Bps, measured
 
 
+class Hops(NamedTuple):
+    """Seconds one step of a ring, or one level of a tree, adds to a collective's latency, within a node
+    (NVLink) and across nodes (the network): NCCL's own latency model (src/graph/tuning.cc, hwLat)."""
+    ring_intra: float = 0.0
+    ring_inter: float = 0.0
+    tree_intra: float = 0.0
+    tree_inter: float = 0.0
+
+
+def spanning_latency_s(hw, collective: str, n: int, g: int) -> float:
+    """Latency of one collective over n ranks on n / g nodes (g ranks on each), as NCCL models it
+    (src/graph/tuning.cc, ncclTopoTuneModel): a ring's chunks pass every rank one step after another,
+    so an all-gather or reduce-scatter pays n - 1 steps, N - 1 of them between nodes; an all-reduce
+    (reduce-scatter then all-gather) twice that; NCCL's tree, for all-reduce only, 2 (g - 1) steps
+    within the nodes and 2 floor(log2 N) levels between them, and NCCL takes the quicker. On top of
+    the profile's per-call start-up (inter_node.latency_us). Other collectives, and profiles without
+    hop latencies, pay the start-up alone."""
+    h, base = hw.hops, hw.inter.alpha_s
+    nodes = -(-n // g)
+    steps = {"all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "all_reduce": 2}.get(collective)
+    if steps is None or not (h.ring_intra or h.ring_inter):
+        return base
+    ring = base + steps * ((n - nodes) * h.ring_intra + (nodes - 1) * h.ring_inter)
+    if collective != "all_reduce" or not (h.tree_intra or h.tree_inter):
+        return ring
+    tree = base + 2 * ((g - 1) * h.tree_intra + int(math.log2(nodes)) * h.tree_inter)
+    return min(ring, tree)
+
+
 def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
     """Seconds of one collective on a message of msg_bytes. Within the sizes calibrate timed, its
     measured times interpolated in log size: the α-β fit is a least-squares line through them and on
@@ -70,17 +100,18 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     intra-node link. Across nodes: NCCL builds one ring per channel and spreads the channels over the
     node's NICs, so a group with g ranks on each node drives min(g, NICs) of them at once: its bus
     bandwidth is that many times one NIC's (inter_node.bus_bw_GBps), up to the intra-node link's
-    (NCCL src/graph/tuning.cc: ring bus bandwidth = channels x per-channel speed; docs/published.md)."""
+    (NCCL src/graph/tuning.cc: ring bus bandwidth = channels x per-channel speed; docs/published.md),
+    and its latency grows with the ranks and nodes the ring or tree passes (spanning_latency_s)."""
     if n * stride <= ranks_per_node:
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
             best = min(table, key=lambda k: (abs(k - n), -k))
             return table[best]
         return hw.intra
-    nics = min(max(1, min(n, ranks_per_node // max(1, stride))), hw.nics_per_node)
-    if nics <= 1:
-        return hw.inter
-    return Link(hw.inter.alpha_s, min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps))
+    g = max(1, min(n, ranks_per_node // max(1, stride)))
+    nics = min(g, hw.nics_per_node)
+    return Link(spanning_latency_s(hw, collective, n, g),
+                min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps) if nics > 1 else hw.inter.bw_Bps)
 
 
 def time_s(link: Link, collective: str, n: int, size_bytes: float, calls: float) -> float:

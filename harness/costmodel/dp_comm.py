@@ -56,7 +56,7 @@ class DpCollective:
     alpha_s: float
     bus_bw_Bps: float
     bucket_bytes: float  # gradient buckets (0: one call per parameter unit)
-    unit_bytes: float  # bytes of one gather unit's worth of parameters (calls when not bucketed)
+    unit_bytes: float  # bytes of one pass over every unit (parameters gathered, gradients reduced): calls when not bucketed
     units: int  # FSDP units / DeepSpeed gather groups: one per block + the root
     factor: float  # nccl-tests bus factor of the collective over the group (comm.FACTOR)
     prefetch_fraction: float = 1.0  # of one unit's gather that can be in flight ahead of its compute
@@ -136,10 +136,13 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
             continue
         for op in dp_ops(st, n, pb, gb, blk, ds_gathers):
             link = comm.collective_link(lo.hw, op.collective, n, pl.tp, pl.ranks_per_node)
-            bucketed = op.mechanism in ("backward_last", "backward_each", "next_forward")
+            # DDP, DeepSpeed and Megatron reduce by gradient bucket; FSDP one reduce-scatter per unit
+            bucketed = (op.mechanism in ("backward_last", "backward_each", "next_forward")
+                        and st.family != "sharded")
             units = busiest.layers + 1
             ahead = (min(1.0, st.ds_buckets[1] * param_elem / (pb / units))
                      if st.ds_buckets and op.mechanism == "prefetch" else 1.0)
-            out.append(DpCollective(op, n, link.alpha_s, link.bw_Bps, bucket if bucketed else 0.0, pb, units,
+            once = gb if op.collective in ("reduce_scatter", "all_reduce") else pb  # one pass over the units
+            out.append(DpCollective(op, n, link.alpha_s, link.bw_Bps, bucket if bucketed else 0.0, once, units,
                                     comm.FACTOR[op.collective](n), ahead))
     return out

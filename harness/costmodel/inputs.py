@@ -37,7 +37,7 @@ class Model:
 
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
-    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter", "nics_per_node",
+    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter", "nics_per_node", "hops",
                  "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
                  "corun_gemm", "corun_memory", "dtensor", "fsdp2")
 
@@ -51,6 +51,11 @@ class Hardware:
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
         self.nics_per_node = int(getattr(hw.inter_node, "nics_per_node", None) or 1)  # absent: one
+        # NCCL's per-step latencies of a ring and a tree over NVLink / the network (comm.collective_link);
+        # absent (CPU profiles): 0, every call pays the flat latency_us
+        self.hops = comm.Hops(*(float(getattr(link, key, None) or 0.0) * 1e-6
+                                for key in ("ring_hop_latency_us", "tree_hop_latency_us")
+                                for link in (hw.intra_node, hw.inter_node)))
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = _collective_table(hw.collectives or {})
         compute = dict(getattr(hw, "compute", None) or {})

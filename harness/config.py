@@ -89,6 +89,9 @@ class StrategyConfig:
     tp_comm_overlap: bool = False  # TP collectives pipelined with the GEMMs (--tp-comm-overlap; needs sequence_parallel)
     overlap_grad_reduce: bool = False  # distributed optimizer: reduce-scatter in buckets during the last backward
     overlap_param_gather: bool = False  # distributed optimizer: all-gather in buckets during the next forward
+    # distributed optimizer under bf16-mixed: parameters held in bf16, fp32 only in the optimizer's master
+    # slice and a gradient buffer (Megatron-LM's --bf16; harness/strategies/distributed_optimizer.py)
+    low_precision_params: bool = False
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES
     # DeepSpeed

@@ -42,6 +42,11 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
     if distributed and run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs a loss scaler that unscales and checks every rank's grads; the "
                           "distributed optimizer steps a flat slice it does not coordinate: use bf16-mixed or fp32")
+    if s.low_precision_params and not (distributed and run.workload.precision == "bf16-mixed"):
+        raise ConfigError(f"strategy.low_precision_params holds the parameters in bf16 with an fp32 master slice in "
+                          f"the distributed optimizer: it needs strategy=zero1 with zero1_impl=distributed or 3d with "
+                          f"dp_shard=zero1, and workload.precision=bf16-mixed (got strategy {s.name}, "
+                          f"precision {run.workload.precision})")
     _validate_megatron_overlaps(s, dims, distributed, torch_runs)
     if s.fsdp_accumulate not in FSDP_ACCUMULATE:
         raise ConfigError(f"unknown fsdp_accumulate '{s.fsdp_accumulate}'; available: {', '.join(FSDP_ACCUMULATE)}")

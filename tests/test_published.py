@@ -141,10 +141,11 @@ def test_megatron_core_rows_carry_their_overlaps_and_are_refused_at_launch():
     models, rows = published.load()
     compose = published.caching_compose()
     mcore = [r for r in rows if r["source"] == "megatron_core_h100"]
-    assert len(mcore) == 6 and all(r["half"] == "fitting" and r["hardware"] == "h100_sxm" for r in mcore)
+    assert len(mcore) == 8 and all(r["half"] == "fitting" and r["hardware"] == "h100_sxm" for r in mcore)
     for r in mcore:
         ovr = published.overrides(r, models[r["model"]])
         assert "strategy.overlap_grad_reduce=true" in ovr and "strategy.overlap_param_gather=true" in ovr
+        assert "strategy.low_precision_params=true" in ovr  # Megatron-LM's --bf16: bf16 params, fp32 master slice
         assert ("strategy.tp_comm_overlap=true" in ovr) == (r["tp"] > 1)
         assert "model.bias=true" in ovr and "model.d_ff=%d" % (4 * models[r["model"]]["d_model"]) in ovr
         run = compose(ovr)

@@ -127,5 +127,7 @@ def volume(collective: str, n: int, size_bytes: float) -> float:
 
 
 def pp_sends(stages: tuple, n_stages: int) -> int:
-    """Point-to-point sends per micro-batch of a pp rank: forward unless last, backward unless first."""
-    return sum(int(st < n_stages - 1) + int(st > 0) for st in stages)
+    """Point-to-point sends per micro-batch of a pp rank: forward unless last, backward unless first,
+    and neither to a stage the rank holds itself (a V-shaped schedule's turn: stage pp - 1 -> pp)."""
+    return sum(int(st < n_stages - 1 and st + 1 not in stages) + int(st > 0 and st - 1 not in stages)
+               for st in stages)

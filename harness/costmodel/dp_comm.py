@@ -119,7 +119,7 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
     e = catalog.PRECISION_BYTES[precision]
     busiest = lo.busiest
     grad_elem = 4 if (st.family != "deepspeed" or precision == "fp32") else e
-    param_elem = e if st.family in ("sharded", "deepspeed") else 4
+    param_elem = e if st.family in ("sharded", "deepspeed") or st.low_precision_params else 4
     dense_g, expert_g = grad_comm_bytes(st, busiest.groups, grad_elem)
     dense_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "dense")
     expert_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "expert")

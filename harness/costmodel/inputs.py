@@ -121,7 +121,8 @@ class Strategy:
     """The strategy knobs the cost model reads."""
     __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
                  "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
-                 "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+                 "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                 "low_precision_params", "state_knobs")
 
     @classmethod
     def of(cls, s) -> "Strategy":
@@ -153,7 +154,11 @@ class Strategy:
         self.uses_ddp = self.family in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
-        self.autocast = self.family not in ("sharded", "deepspeed")
+        # the distributed optimizer's bf16 params (strategy.low_precision_params) likewise
+        self.low_precision_params = bool(getattr(s, "low_precision_params", False)) and self.family == "distributed"
+        self.autocast = self.family not in ("sharded", "deepspeed") and not self.low_precision_params
+        # what memory.model_states reads beyond the family: DeepSpeed's knobs, the distributed optimizer's param dtype
+        self.state_knobs = self.ds_knobs or ((True,) if self.low_precision_params else ())
         return self
 
 

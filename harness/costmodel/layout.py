@@ -134,7 +134,7 @@ def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detai
     for r in (range(pl.pp) if detail else sorted({0, min(1, pl.pp - 1), pl.pp - 1})):
         stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
         groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r)
-        states = mem.model_states(st.family, groups, pl.dp, pl.ep, precision, st.ds_knobs, detail)
+        states = mem.model_states(st.family, groups, pl.dp, pl.ep, precision, st.state_knobs, detail)
         p, g, o, x = max(states, key=sum)
         out.append(PipelineRank(r, stages, groups, numel(groups), states, p, g, o, x, p + g + o + x,
                                 per_stage_layers * len(stages), 0 in stages, pl.n_stages - 1 in stages))

@@ -128,9 +128,12 @@ def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
 def distributed(groups, dp, ep, precision, knobs, dp_ranks):
     """The distributed optimizer (harness/strategies/distributed_optimizer.py): params and grads whole,
     one flat buffer of n elements split evenly, s = ceil(n / dp) each: an fp32 master slice (4 s),
-    AdamW's moments on it (8 s) and one step tensor."""
+    AdamW's moments on it (8 s) and one step tensor. knobs (True,): low-precision params (2 B each)
+    and a persistent fp32 gradient buffer of dp * s elements in place of the fp32 grads."""
     n = numel(groups)
     s = -(-n // dp)
+    if knobs and knobs[0]:
+        return [(2 * n, 4 * dp * s, 8 * s + 4, 4 * s) for _ in dp_ranks]
     return [(4 * n, 4 * n, 8 * s + 4, 4 * s) for _ in dp_ranks]
 
 

@@ -63,6 +63,13 @@ class Strategy:
         w = self.run.workload
         return torch.optim.AdamW(params, lr=w.lr, weight_decay=w.weight_decay, betas=(0.9, 0.95), foreach=foreach)
 
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype the distributed optimizer holds the params in (strategy.low_precision_params), or
+        None: the params stay fp32 and autocast casts per operator."""
+        if getattr(self.run.strategy, "low_precision_params", False):
+            return AUTOCAST_DTYPES[self.precision]
+        return None
+
     # -- one optimizer step -----------------------------------------------------------------
     def autocast(self):
         dtype = AUTOCAST_DTYPES.get(self.precision)

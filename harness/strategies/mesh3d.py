@@ -116,8 +116,9 @@ class Mesh3D(PipelineStrategy):
         return module  # 4. the caller (PipelineStrategy.setup) makes it a PipelineStage on mesh["pp"]
 
     def make_optimizer(self, params, foreach=None):
-        if self.run.strategy.dp_shard == "zero1" and self.data_parallel > 1:
-            return DistributedOptimizer(params, self.data_group(), lambda ps: super(Mesh3D, self).make_optimizer(ps, foreach))
+        if self.run.strategy.dp_shard == "zero1" and (self.data_parallel > 1 or self.param_dtype() is not None):
+            return DistributedOptimizer(params, self.data_group(), lambda ps: super(Mesh3D, self).make_optimizer(ps, foreach),
+                                        self.param_dtype())
         return super().make_optimizer(params, foreach)
 
     def train_step(self, microbatches):
@@ -142,7 +143,8 @@ class Mesh3D(PipelineStrategy):
 
     def autocast(self):
         # FSDP's MixedPrecisionPolicy casts params and inputs itself (harness/strategies/fsdp.py)
-        if self.data_parallel > 1 and self.run.strategy.dp_shard == "fsdp":
+        # and the distributed optimizer's bf16 params are low-precision themselves (strategy.low_precision_params)
+        if (self.data_parallel > 1 and self.run.strategy.dp_shard == "fsdp") or self.param_dtype() is not None:
             return contextlib.nullcontext()
         return super().autocast()
 

@@ -17,6 +17,8 @@ DeepSpeed's stage 1 (`strategy.engine=deepspeed`) slices one flat buffer evenly,
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -31,7 +33,12 @@ class Zero1(DDPStrategy):
             return super().setup(model)
         self.model = self.materialize(model)  # built on meta: allocate and initialise as single does
         self.optimizer = DistributedOptimizer(self.model.parameters(), self.mesh["dp"].get_group(),
-                                              lambda ps: Strategy.make_optimizer(self, ps))
+                                              lambda ps: Strategy.make_optimizer(self, ps), self.param_dtype())
+
+    def autocast(self):
+        if self.param_dtype() is not None:  # the params are bf16 themselves (strategy.low_precision_params)
+            return contextlib.nullcontext()
+        return super().autocast()
 
     def accumulating(self, last: bool):
         if self.run.strategy.zero1_impl == "distributed":

@@ -63,6 +63,14 @@ def with_sequence_parallel(knobs: dict, tp: int, model) -> list[dict]:
     return [knobs, {**knobs, "sequence_parallel": True}]
 
 
+def with_low_precision_params(knobs: dict, precision: str) -> list[dict]:
+    """The layout's knobs, and for the distributed optimizer under bf16-mixed also with bf16 parameters
+    (Megatron-LM's --bf16: fp32 only in the master slice; half the params, a bf16 residual stream)."""
+    if knobs.get("dp_shard") != "zero1" or precision != "bf16-mixed":
+        return [knobs]
+    return [knobs, {**knobs, "low_precision_params": True}]
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -128,7 +136,8 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                     if strat is None or strat[0] not in have or \
                             not catalog.dp_shard_runs(strat[1].get("dp_shard", ""), dp, tp, E):
                         continue
-                    for knobs in with_sequence_parallel(strat[1], tp, m_cfg):
+                    for knobs in (v for sp in with_sequence_parallel(strat[1], tp, m_cfg)
+                                  for v in with_low_precision_params(sp, precision)):
                         for schedule, vpps in schedules:
                             for vpp in vpps:
                                 if L % (pp * vpp):
@@ -197,7 +206,7 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
         nxt = cands[i + 1] if i + 1 < len(cands) else None
         mfu = 100 * flops / p["step_time_s"] / counts["gpus"] / (peak * 1e12) if peak else float("nan")
         sched = c.schedule if c.pp > 1 else ""
-        sp = " +sp" if c.knobs.get("sequence_parallel") else ""
+        sp = (" +sp" if c.knobs.get("sequence_parallel") else "") + (" +bf16 params" if c.knobs.get("low_precision_params") else "")
         t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp, str(c.dp), str(c.tp), str(c.pp),
                   str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",

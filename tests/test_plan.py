@@ -44,6 +44,20 @@ def test_plan_ranks_feasible_configs_that_brigade_accepts():
         assert p["num_microbatches"] == c.m and p["fits_in_memory"], c.overrides()
 
 
+def test_plan_offers_hsdp_and_bf16_parameters_predicted_as_predict_does():
+    """HSDP (FSDP2 layouts: every replica count R with 1 < R < dp) and the distributed optimizer's bf16
+    parameters are in the space, and each such candidate's prediction is `predict`'s for its config."""
+    cands, _ = search(compose_run(BIG), 1024)
+    hsdp = next(c for c in cands if c.dp_replicate > 1)
+    bf16 = next(c for c in cands if c.knobs.get("low_precision_params"))
+    assert "parallel.dp_replicate=%d" % hsdp.dp_replicate in hsdp.overrides()
+    for c in (hsdp, bf16):
+        p = predict_overrides(BIG + c.overrides())
+        assert p["status"] == "ok", (c.overrides(), p.get("error"))
+        for key in ("step_time_s", "tokens_per_s", "peak_mem_bytes", "comm_exposed_time_s"):
+            assert c.pred[key] == pytest.approx(p[key], rel=1e-9), (c.overrides(), key)
+
+
 def test_why_names_what_makes_the_compute_differ():
     """Between two layouts that won on compute, `why` says recompute only where the checkpointing differs,
     else the GEMM shapes (tp, micro-batch) that did it."""
@@ -94,9 +108,11 @@ def test_spearman_and_distinct_layouts():
     assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 4, 5]) == pytest.approx(0.9)  # 1 - 6*2/(5*24)
     cands, _ = search(compose_run(BIG), 1024)
     top = distinct_layouts(cands, 6, by="variant")
-    keys = {(c.strategy, tuple(sorted(c.knobs.items())), c.dp, c.tp, c.pp, c.vpp, c.schedule) for c in top}
+    keys = {(c.strategy, tuple(sorted(c.knobs.items())), c.dp, c.dp_replicate, c.tp, c.pp, c.vpp, c.schedule) for c in top}
     assert len(top) == len(keys) == 6 and top[0] is cands[0]
-    top = distinct_layouts(cands, 6)  # by degrees: no two share (dp, tp, pp, ep), each its best
-    assert len({(c.dp, c.tp, c.pp, c.ep) for c in top}) == 6 and top[0] is cands[0]
+    top = distinct_layouts(cands, 6)  # by degrees: no two share (dp, dp_replicate, tp, pp, ep), each its best
+    def degrees(c):
+        return c.dp, c.dp_replicate, c.tp, c.pp, c.ep
+    assert len({degrees(c) for c in top}) == 6 and top[0] is cands[0]
     for c in top:
-        assert c is next(x for x in cands if (x.dp, x.tp, x.pp, x.ep) == (c.dp, c.tp, c.pp, c.ep))
+        assert c is next(x for x in cands if degrees(x) == degrees(c))

@@ -22,6 +22,9 @@ PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_tim
 
 
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
+# what HSDP's shard group holds decides the peak too (its states, FSDP's gathered units and buffers)
+MEMORY = ("fsdp_unsharded_bytes", "transient_bytes", "comm_buffer_bytes", "allocator_bytes", "peak_mem_bytes",
+          "memory_headroom_bytes", "fits_in_memory")
 
 
 def shard_rank(dims, rank: int) -> int:
@@ -64,14 +67,18 @@ def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
     dp_shard * cp for HSDP (its model states and shard-group traffic), else None."""
     cp, w, md = dims.cp, run.workload, run.model
     if shard is not None:  # HSDP: states and the shard group's traffic are the shard group's
-        # rank r of the world is rank shard_rank(r) of the shard group's estimate (same rank order)
-        ranks = [shard_rank(dims, r) for r in range(dims.world_size)]
-        for key in STATES:
-            out[key] = shard[key]
+        ranks = None  # rank r of the world is rank shard_rank(r) of the shard group's estimate (same rank order)
+        for key in STATES + MEMORY:
+            if key in shard:
+                out[key] = shard[key]
             if isinstance(shard.get(f"{key}_per_rank"), list):
+                ranks = ranks or [shard_rank(dims, r) for r in range(dims.world_size)]
                 out[f"{key}_per_rank"] = [shard[f"{key}_per_rank"][i] for i in ranks]
+        # the shard group's dp collectives replace the whole group's: their time, and what of it shows
         extra_dp_s = shard["comm_dp_time_s"] - out["comm_dp_time_s"]
+        extra_dp_exposed_s = shard["comm_dp_exposed_time_s"] - out["comm_dp_exposed_time_s"]
         out["comm_dp_bytes"], out["comm_dp_time_s"] = shard["comm_dp_bytes"], shard["comm_dp_time_s"]
+        out["comm_dp_exposed_time_s"] = shard["comm_dp_exposed_time_s"]
         reductions = m if run.strategy.fsdp_accumulate == "sharded" else 1
         rep_bytes = hsdp_replicate_bytes(shard["grads_bytes"], dims.dp_replicate, reductions)
         rpn = out.get("ranks_per_node", dims.world_size)
@@ -79,9 +86,9 @@ def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
         units = md.n_layers // dims.pp + 1  # one all-reduce per FSDP unit and reduction
         rep_s = reductions * units * link.alpha_s + rep_bytes / link.bw_Bps
         out["comm_dp_replicate_bytes"], out["comm_dp_replicate_time_s"] = rep_bytes, rep_s
-        out["step_time_s"] += extra_dp_s + rep_s
+        out["step_time_s"] += extra_dp_exposed_s + rep_s  # the replicas' all-reduces: exposed in full
         out["comm_time_s"] += extra_dp_s + rep_s
-        out["comm_exposed_time_s"] += extra_dp_s + rep_s
+        out["comm_exposed_time_s"] += extra_dp_exposed_s + rep_s
     if cp > 1:
         old = {k: out.get(k) for k in ("matmul_time_s", "bubble_time_s", "comm_tp_time_s", "comm_pp_time_s")}
         for key in PER_TOKEN:

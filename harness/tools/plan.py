@@ -4,8 +4,9 @@
         workload.global_batch_size=2048 workload.precision=bf16-mixed
     python -m harness.plan model=small hardware=cpu_calibrated plan.gpus=4 --run-top 2 logger=none
 
-Enumerates every (dp, tp, pp, vpp + schedule, ep, ZeRO stage, sequence parallel when tp > 1,
-micro-batch size, checkpointing) with
+Enumerates every (dp, tp, pp, vpp + schedule, ep, ZeRO stage, sequence parallel when tp > 1, HSDP's
+replica count R for FSDP2 layouts (dp = R x shard group), bf16 parameters for the distributed optimizer
+under bf16-mixed, micro-batch size, checkpointing) with
 dp*tp*pp = plan.gpus that brigade can run: the global batch is the workload's
 (workload.global_batch_size sequences), so the micro-batch count is m = global / (dp * micro-batch);
 degrees must divide heads, d_ff, layers and experts as harness/validate.py requires; each layout maps
@@ -16,7 +17,7 @@ ranked by predicted tokens/s. The table says why each wins: its efficiency and w
 exposed communication and the bubble, its memory headroom, and what separates it from the next one.
 
 `--run-top K` (or plan.run_top=K) hands the best K distinct layouts (by default distinct parallel
-degrees dp, tp, pp, ep, each with its best strategy, schedule, ZeRO stage, micro-batch size and
+degrees dp, dp_replicate, tp, pp, ep, each with its best strategy, schedule, ZeRO stage, micro-batch size and
 checkpointing; plan.run_top_by=variant tells schedules and ZeRO stages apart too) to the launcher as one sweep: it runs
 `python -m harness -m <your overrides> study=<plan study> hydra.sweeper.runs=[[...], ...]`, the
 brigade sweeper's list of runs (hydra_plugins/brigade_sweeper), so each gets a record with its
@@ -34,6 +35,8 @@ import time
 from dataclasses import replace
 
 from harness import catalog
+from harness.tools.plan_space import (divisors, hsdp_prediction, hsdp_replicas, with_low_precision_params,
+                                      with_sequence_parallel)
 
 # (schedule, the vpp values tried) for pp > 1, from the catalog; one stage per rank when pp = 1
 SCHEDULES_VPP = tuple((name, row.plan_vpps) for name, row in catalog.SCHEDULES.items() if row.plan_vpps)
@@ -54,41 +57,22 @@ def strategy_defaults(name: str) -> dict:
     return {k: v for k, v in values.items() if k in fields}
 
 
-def with_sequence_parallel(knobs: dict, tp: int, model) -> list[dict]:
-    """The layout's knobs, and with tp > 1 also with Megatron's sequence parallelism (what lets TP 4-8
-    hold long sequences: LayerNorm/dropout activations / tp), where validate allows it (dense MLP,
-    seq_len divisible by tp)."""
-    if tp == 1 or model.n_experts or model.seq_len % tp:
-        return [knobs]
-    return [knobs, {**knobs, "sequence_parallel": True}]
-
-
-def with_low_precision_params(knobs: dict, precision: str) -> list[dict]:
-    """The layout's knobs, and for the distributed optimizer under bf16-mixed also with bf16 parameters
-    (Megatron-LM's --bf16: fp32 only in the master slice; half the params, a bf16 residual stream)."""
-    if catalog.DP_SHARD.get(knobs.get("dp_shard"), ("",))[0] != "distributed" or precision != "bf16-mixed":
-        return [knobs]
-    return [knobs, {**knobs, "low_precision_params": True}]
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 class Candidate:
-    __slots__ = ("dp", "tp", "pp", "vpp", "ep", "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred")
+    __slots__ = ("dp", "tp", "pp", "vpp", "ep", "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred",
+                 "dp_replicate")
 
-    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred):
+    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred, dp_replicate=1):
         self.dp, self.tp, self.pp, self.vpp, self.ep, self.zero = dp, tp, pp, vpp, ep, zero
         self.mb, self.m, self.ckpt, self.schedule, self.strategy, self.knobs, self.pred = (
             mb, m, ckpt, schedule, strategy, knobs, pred)
+        self.dp_replicate = dp_replicate  # HSDP: FSDP over dp / dp_replicate ranks, replicated dp_replicate times
 
     def overrides(self) -> list[str]:
         out = [f"strategy={self.strategy}"]
         out += [f"strategy.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.knobs.items()]
         if self.pp > 1:
             out.append(f"strategy.schedule={self.schedule}")
-        for axis in ("dp", "tp", "pp", "vpp", "ep"):
+        for axis in ("dp", "dp_replicate", "tp", "pp", "vpp", "ep"):
             if getattr(self, axis) > 1:
                 out.append(f"parallel.{axis}={getattr(self, axis)}")
         out += [f"workload.micro_batch_size={self.mb}", f"workload.activation_checkpointing={self.ckpt}"]
@@ -143,22 +127,31 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                 if L % (pp * vpp):
                                     continue
                                 st = knobs_for(strat[0], knobs, schedule)
-                                lo = None
+                                # HSDP (FSDP2 only): also shard over dp / R ranks, replicated R times
+                                reps = hsdp_replicas(dp) if st.family == "sharded" and ep == 1 else ()
+                                lo, shards = None, {}
                                 for mb in MICRO_BATCHES:
                                     if gbs % (dp * mb):
                                         continue
                                     m = gbs // (dp * mb)
                                     if lo is None:  # what micro-batching and checkpointing do not change, once
                                         lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
+                                        shards = {r: layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes)
+                                                  for r in reps}
                                     for ckpt in CHECKPOINTING:
-                                        evaluated += 1
-                                        peak = memory_peak(lo, mb, m, ckpt)  # no time for what cannot fit
-                                        if peak.peak_bytes > mem_limit:
-                                            oom += 1
-                                            continue
-                                        pred = finish(lo, mb, m, ckpt, peak)
-                                        feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
-                                                                  strat[0], knobs, pred))
+                                        for rep in (1, *reps):
+                                            evaluated += 1
+                                            lo_states = shards[rep] if rep > 1 else lo
+                                            peak = memory_peak(lo_states, mb, m, ckpt)  # no time for what cannot fit
+                                            if peak.peak_bytes > mem_limit:
+                                                oom += 1
+                                                continue
+                                            pred = finish(lo, mb, m, ckpt, peak)
+                                            if rep > 1:
+                                                pred = hsdp_prediction(pred, finish(lo_states, mb, m, ckpt, peak), lo, st,
+                                                                       run, hw, mb, m, ckpt, rep)
+                                            feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
+                                                                      strat[0], knobs, pred, rep))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
     return feasible, {"evaluated": evaluated, "oom": oom, "seconds": time.perf_counter() - t0}
 
@@ -207,6 +200,7 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
         mfu = 100 * flops / p["step_time_s"] / counts["gpus"] / (peak * 1e12) if peak else float("nan")
         sched = c.schedule if c.pp > 1 else ""
         sp = (" +sp" if c.knobs.get("sequence_parallel") else "") + (" +bf16 params" if c.knobs.get("low_precision_params") else "")
+        sp += f" hsdp {c.dp_replicate}x{c.dp // c.dp_replicate}" if c.dp_replicate > 1 else ""
         t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp, str(c.dp), str(c.tp), str(c.pp),
                   str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",

@@ -1,0 +1,49 @@
+"""The planner's search space beyond the parallel degrees (harness/tools/plan.py): the variants one layout
+has (sequence parallelism, bf16 parameters for the distributed optimizer, HSDP's replica counts) and how
+an HSDP variant's prediction is made from two base estimates, as `predict` makes it."""
+from __future__ import annotations
+
+from harness import catalog
+
+
+def with_sequence_parallel(knobs: dict, tp: int, model) -> list[dict]:
+    """The layout's knobs, and with tp > 1 also with Megatron's sequence parallelism (what lets TP 4-8
+    hold long sequences: LayerNorm/dropout activations / tp), where validate allows it (dense MLP,
+    seq_len divisible by tp)."""
+    if tp == 1 or model.n_experts or model.seq_len % tp:
+        return [knobs]
+    return [knobs, {**knobs, "sequence_parallel": True}]
+
+
+def with_low_precision_params(knobs: dict, precision: str) -> list[dict]:
+    """The layout's knobs, and for the distributed optimizer under bf16-mixed also with bf16 parameters
+    (Megatron-LM's --bf16: fp32 only in the master slice; half the params, a bf16 residual stream)."""
+    if catalog.DP_SHARD.get(knobs.get("dp_shard"), ("",))[0] != "distributed" or precision != "bf16-mixed":
+        return [knobs]
+    return [knobs, {**knobs, "low_precision_params": True}]
+
+
+def hsdp_replicas(dp: int) -> list[int]:
+    """HSDP's replica counts R for a dp axis of dp ranks: every R with 1 < R < dp dividing it (FSDP over
+    S = dp / R ranks, its shard group, and an all-reduce over the R replicas)."""
+    return [r for r in divisors(dp) if 1 < r < dp]
+
+
+def hsdp_prediction(full: dict, shard: dict, lo, st, run, hw, mb: int, m: int, ckpt: str, rep: int) -> dict:
+    """The prediction of an HSDP layout from the two base estimates, as `predict` makes it
+    (harness/costmodel/layouts4d.py adjust): `full` at the whole dp, `shard` at its shard group."""
+    from types import SimpleNamespace
+
+    from harness.costmodel import layouts4d
+    from harness.dims import ParallelDims
+
+    pl = lo.place
+    cfg = SimpleNamespace(strategy=SimpleNamespace(fsdp_accumulate=st.fsdp_accumulate), model=run.model,
+                          workload=SimpleNamespace(micro_batch_size=mb, precision=lo.precision,
+                                                   activation_checkpointing=ckpt))
+    dims = ParallelDims(dp=pl.dp, tp=pl.tp, pp=pl.pp, vpp=pl.vpp, world_size=pl.world, dp_replicate=rep)
+    return layouts4d.adjust({**full, "ranks_per_node": pl.ranks_per_node}, shard, cfg, dims, hw, m)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -82,7 +82,7 @@ class Candidate:
 def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
     from harness.costmodel.estimate import finish
-    from harness.costmodel.inputs import Hardware, Model, Strategy
+    from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
     from harness.costmodel.layout import layout
     from harness.costmodel.memory_peak import memory_peak
     from harness.validate import available_strategies
@@ -128,7 +128,8 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                     continue
                                 st = knobs_for(strat[0], knobs, schedule)
                                 # HSDP (FSDP2 only): also shard over dp / R ranks, replicated R times
-                                reps = hsdp_replicas(dp) if st.family == "sharded" and ep == 1 else ()
+                                reps = (hsdp_replicas(dp, gpus, ranks_per_node(hw, gpus, nodes))
+                                        if st.family == "sharded" and ep == 1 else ())
                                 lo, shards = None, {}
                                 for mb in MICRO_BATCHES:
                                     if gbs % (dp * mb):

@@ -23,9 +23,13 @@ def with_low_precision_params(knobs: dict, precision: str) -> list[dict]:
     return [knobs, {**knobs, "low_precision_params": True}]
 
 
-def hsdp_replicas(dp: int) -> list[int]:
+def hsdp_replicas(dp: int, world: int, ranks_per_node: int) -> list[int]:
     """HSDP's replica counts R for a dp axis of dp ranks: every R with 1 < R < dp dividing it (FSDP over
-    S = dp / R ranks, its shard group, and an all-reduce over the R replicas)."""
+    S = dp / R ranks, its shard group, and an all-reduce over the R replicas), where the layout spans
+    nodes: HSDP keeps the shard group's per-unit collectives on fewer nodes and sends only the replicas'
+    all-reduce further; within one node it only adds that all-reduce."""
+    if world <= ranks_per_node:
+        return []
     return [r for r in divisors(dp) if 1 < r < dp]
 
 

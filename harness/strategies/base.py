@@ -66,7 +66,7 @@ class Strategy:
     def param_dtype(self) -> torch.dtype | None:
         """The dtype the distributed optimizer holds the params in (strategy.low_precision_params), or
         None: the params stay fp32 and autocast casts per operator."""
-        if getattr(self.run.strategy, "low_precision_params", False):
+        if self.run.strategy.low_precision_params:
             return AUTOCAST_DTYPES[self.precision]
         return None
 

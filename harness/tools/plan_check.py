@@ -14,10 +14,9 @@ def layout_key(c, by: str = "degrees") -> tuple:
     """What makes two candidates the same layout: by "degrees" the parallel degrees (dp, HSDP's dp_replicate,
     tp, pp, ep); by "variant" also the strategy, its knobs, vpp and the schedule (micro-batching and
     checkpointing aside)."""
-    rep = getattr(c, "dp_replicate", 1)
     if by == "degrees":
-        return (c.dp, rep, c.tp, c.pp, c.ep)
-    return (c.strategy, tuple(sorted(c.knobs.items())), c.dp, rep, c.tp, c.pp, c.vpp, c.ep, c.schedule if c.pp > 1 else "")
+        return (c.dp, c.dp_replicate, c.tp, c.pp, c.ep)
+    return (c.strategy, tuple(sorted(c.knobs.items())), c.dp, c.dp_replicate, c.tp, c.pp, c.vpp, c.ep, c.schedule if c.pp > 1 else "")
 
 
 def distinct_layouts(cands: list, k: int, by: str = "degrees") -> list:
@@ -68,7 +67,7 @@ def matches(c, r: dict) -> bool:
     knobs = {"sequence_parallel": False, **c.knobs}
     return ((s["name"], p["dp"], p.get("dp_replicate", 1), p["tp"], p["pp"], p.get("vpp", 1), p.get("ep", 1),
              w["micro_batch_size"], w["activation_checkpointing"])
-            == (c.strategy, c.dp, getattr(c, "dp_replicate", 1), c.tp, c.pp, c.vpp, c.ep, c.mb, c.ckpt)
+            == (c.strategy, c.dp, c.dp_replicate, c.tp, c.pp, c.vpp, c.ep, c.mb, c.ckpt)
             and (c.pp == 1 or s.get("schedule") == c.schedule) and all(s.get(k) == v for k, v in knobs.items()))
 
 

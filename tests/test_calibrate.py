@@ -64,6 +64,24 @@ def test_dtensor_dispatch_is_measured_on_the_fake_group():
     assert sp["ops_per_layer"] > fig["ops_per_layer"], (sp, fig)
 
 
+def test_dtensor_operator_growth_is_priced_against_the_profiles_kernels():
+    """At model=small the tp block's own kernels are a kappa of the plain block's, as the profile prices
+    them (about half: the shards' GEMMs, with the norms whole); what the tp block takes beyond kappa x
+    plain is DTensor's, and its growth over the tiny shapes' operator is the slope."""
+    import torch.distributed as dist
+
+    from harness.config import as_dict, compose_run
+    from harness.tools.calibrate_dtensor import kernel_ratio, measure_one
+
+    profile = as_dict(compose_run(["hardware=cpu_calibrated"]))["hardware"]
+    for sp in (False, True):
+        assert 0.35 < kernel_ratio(profile, sp) < 0.85, sp
+    fig = measure_one(2, False, profile)
+    assert not dist.is_initialized()
+    assert 0 <= fig["op_us_per_melem"] < 1e5 and fig["ops_per_layer"] > 20, fig
+    assert "op_us_per_melem" not in measure_one(1, False)  # without a profile: not measured
+
+
 def test_fsdp_host_work_is_measured_on_the_fake_group():
     import torch.distributed as dist
 

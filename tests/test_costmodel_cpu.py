@@ -61,6 +61,19 @@ def test_dtensor_dispatch_is_what_the_profile_measured():
         4 * MD.L * 78 * 200e-6, rel=1e-9)
 
 
+def test_a_blocks_dtensor_operator_grows_with_the_micro_batch_as_calibrated():
+    """op_us_per_melem: each of a block's DTensor operators costs op_us + slope x the micro-batch's
+    tokens x d_model / 10^6; the embedding/head and optimizer operators do not grow."""
+    flat = hardware(dtensor=DTENSOR, corun=None)
+    sloped = hardware(dtensor={**DTENSOR, "op_us_per_melem": 500.0}, corun=None)
+    for mb in (1, 4):
+        elements = mb * MD.s * MD.h
+        extra = (predict(sloped, tp=2, strategy="tp", mb=mb)["compute_time_s"]
+                 - predict(flat, tp=2, strategy="tp", mb=mb)["compute_time_s"])
+        assert extra == pytest.approx(4 * MD.L * 78 * 500e-12 * elements, rel=1e-9)
+    assert predict(sloped)["step_time_s"] == predict(flat)["step_time_s"]  # no tensor parallelism, no DTensor
+
+
 def test_sequence_parallel_reads_its_own_dtensor_figures():
     """Under SP the norms and the residual stream are DTensors too: calibrate counts them apart."""
     sp = {**DTENSOR, "ops_per_layer": 120}

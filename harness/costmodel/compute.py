@@ -36,7 +36,7 @@ A profile without a `compute.gemm` entry for the dtype keeps one rate for every 
 Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each (both measured by
 `harness.calibrate` on a CPU; 0 on the GPU profiles, whose kernels launch asynchronously). With tp > 1
 each DTensor operator adds its DTensor dispatch (compute.dtensor, harness/tools/calibrate_dtensor.py):
-per micro-batch ops_per_layer x op_us per layer, and ops_outside_layers x outside_op_us (embedding, head,
+per micro-batch ops_per_layer x (op_us + op_us_per_melem x the micro-batch's tokens x d_model / 10^6) per layer, and ops_outside_layers x outside_op_us (embedding, head,
 loss parallel) charged with the head to the last stage; per optimizer step the AdamW ops
 (harness/costmodel/layout.py). FSDP2 (family sharded) adds its measured host work per block and
 outside the blocks per micro-batch, and per optimizer step (compute.fsdp2, harness/tools/calibrate_fsdp.py).
@@ -171,7 +171,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
     if pl.tp > 1:  # and a DTensor operator its DTensor dispatch; the head and loss parallel's on the last stage
         dt = lo.hw.dtensor.sp if lo.strategy.sp else lo.hw.dtensor
-        dispatch += dt.ops_per_layer * dt.op_s * pl.slowdown
+        dispatch += dt.ops_per_layer * dt.block_op_s(tokens * md.h) * pl.slowdown
         head += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
     if lo.strategy.family == "sharded":  # FSDP2's hooks and copies around each block (calibrate_fsdp.py)
         dispatch += lo.hw.fsdp2["block_s"] * pl.slowdown

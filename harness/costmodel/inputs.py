@@ -79,9 +79,11 @@ class Hardware:
 class DTensorDispatch:
     """What tensor parallelism's DTensor dispatch adds on a CPU (harness/tools/calibrate_dtensor.py):
     seconds per DTensor operator and operators per micro-batch (a block's, and the embedding, head and
-    loss parallel's outside the blocks) and per optimizer step; `sp` the same under sequence
-    parallelism (itself where not measured apart). Absent from a profile: all 0."""
-    __slots__ = ("op_s", "ops_per_layer", "outside_op_s", "ops_outside_layers", "optimizer_op_s",
+    loss parallel's outside the blocks) and per optimizer step; a block's operator costs more on larger
+    tensors: op_s + op_s_per_elem x the micro-batch's residual-stream elements (tokens x d_model), the
+    slope from calibrate's second, model-sized measurement; `sp` the same under sequence parallelism
+    (itself where not measured apart). Absent from a profile: all 0."""
+    __slots__ = ("op_s", "op_s_per_elem", "ops_per_layer", "outside_op_s", "ops_outside_layers", "optimizer_op_s",
                  "optimizer_ops_per_layer", "optimizer_ops_outside_layers", "sp")
 
     @classmethod
@@ -90,12 +92,18 @@ class DTensorDispatch:
         self = cls()
         self.op_s, self.outside_op_s = float(cfg.get("op_us", 0.0)) * 1e-6, float(cfg.get("outside_op_us", 0.0)) * 1e-6
         self.optimizer_op_s = float(cfg.get("optimizer_op_us", 0.0)) * 1e-6
+        self.op_s_per_elem = float(cfg.get("op_us_per_melem", 0.0)) * 1e-12  # us per 10^6 elements -> s per element
         self.ops_per_layer, self.ops_outside_layers = int(cfg.get("ops_per_layer", 0)), int(cfg.get("ops_outside_layers", 0))
         self.optimizer_ops_per_layer = int(cfg.get("optimizer_ops_per_layer", 0))
         self.optimizer_ops_outside_layers = int(cfg.get("optimizer_ops_outside_layers", 0))
         # with sequence parallelism (measured apart: its norms and residual stream are DTensors too)
         self.sp = cls.of(cfg["sequence_parallel"]) if cfg.get("sequence_parallel") else self
         return self
+
+    def block_op_s(self, elements: float) -> float:
+        """Seconds of one of a block's DTensor operators in a micro-batch of `elements` residual-stream
+        elements (tokens x d_model)."""
+        return self.op_s + self.op_s_per_elem * elements
 
 
 def _measured(fig) -> tuple:

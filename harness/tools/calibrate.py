@@ -20,7 +20,8 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
   - the element-wise operators' bandwidth and the SDPA kernel's fraction of peak on brigade's own model
     (harness/tools/calibrate_elementwise.py) -> compute.elementwise_GBps, compute.attention_efficiency.fp32.
   - DTensor's dispatch per operator at tp 2 and the DTensor operators of a block, of the rest of the
-    model and of the AdamW step (harness/tools/calibrate_dtensor.py) -> compute.dtensor; FSDP2's host
+    model and of the AdamW step, and how a block's operator grows at model=small's tensors (priced against
+    the kernels just measured) (harness/tools/calibrate_dtensor.py) -> compute.dtensor; FSDP2's host
     work per block, micro-batch and step (harness/tools/calibrate_fsdp.py) -> compute.fsdp2.
   - how much slower a core computes (GEMMs) and streams memory while every core does
     (harness/tools/calibrate_corun.py) -> compute.corun.
@@ -126,7 +127,9 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
         bar.update(task, description="element-wise ops and attention (model=small)")
         compute.update(calibrate_elementwise.measure(mode["elementwise_rounds"], peak["fp32"]))
         bar.update(task, advance=1, description="DTensor dispatch (tp 2, fake group)")
-        compute["dtensor"] = calibrate_dtensor.measure(mode["dtensor_rounds"])
+        so_far = {**dict(base_hw), "peak_tflops": peak, "achievable_tflops": achievable,
+                  "memory_bw_GBps": mem_bw, "compute": compute, "collectives": {}}  # prices kappa
+        compute["dtensor"] = calibrate_dtensor.measure(mode["dtensor_rounds"], so_far)
         compute["fsdp2"] = calibrate_fsdp.measure(mode["dtensor_rounds"])
         bar.update(task, advance=1, description=f"co-running ({base_hw['devices_per_node']} cores at once)")
         compute["corun"] = calibrate_corun.measure(base_hw["devices_per_node"], mode["corun_rounds"],

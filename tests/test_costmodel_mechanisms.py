@@ -139,19 +139,27 @@ def test_gemm_saturates_above_the_ridge_point_and_moves_with_it():
 
 def test_fused_attention_backward_recomputes_the_scores():
     """FlashAttention's backward runs 5 matmuls against the forward's 2 (forward + backward = 3.5
-    forwards; eager: 3); checkpointing the core adds one more forward of it."""
+    forwards of FLOPs; eager: 3), the backward at its own fraction of peak; checkpointing the core
+    adds one more forward of it, at the forward's."""
+    import copy
+
     from harness.costmodel.compute import _core_time, microbatch_times
     from harness.costmodel.layout import layout
 
-    def core(attention):
+    def core(attention, hw=HW):
         md = Model.of(compose_run(["model=gpt_7b", f"model.attention={attention}"]).model)
-        lo = layout(md, HW, strategy("strategy=ddp"), 8, 1, 1, 1, 1, "bf16-mixed", 1, False, 0.0)
-        both, forward = _core_time(lo, 2 * md.s, HW.gemm["bf16"])
+        lo = layout(md, hw, strategy("strategy=ddp"), 8, 1, 1, 1, 1, "bf16-mixed", 1, False, 0.0)
+        both, forward = _core_time(lo, 2 * md.s, hw.gemm["bf16"])
         times = microbatch_times(lo, 2).layer
         return both / forward, times["selective"] - times["none"], forward
 
+    fwd, bwd = HW.attention_efficiency["bf16"], HW.attention_backward_efficiency["bf16"]
+    assert bwd < fwd  # the profile's backward kernel is the slower one per FLOP
     ratio, selective_extra, forward = core("sdpa")
-    assert ratio == pytest.approx(3.5) and selective_extra == pytest.approx(forward)
+    assert ratio == pytest.approx(1 + 2.5 * fwd / bwd) and selective_extra == pytest.approx(forward)
+    one = copy.copy(HW)  # a profile without the backward's own fraction: one fraction for both passes
+    one.attention_backward_efficiency = {}
+    assert core("sdpa", one)[0] == pytest.approx(3.5) and core("sdpa", one)[2] == pytest.approx(forward)
     assert core("eager")[0] == pytest.approx(3.0)
 
 

@@ -22,9 +22,11 @@ Per transformer layer and micro-batch of T = b*s tokens on a tp shard (models/gp
 the MLP's matrices, separate nn.Linear; k and v n_kv_heads x head_dim wide under GQA): forward (T, out/t, in) or (T, out, in/t); backward the input gradient
 (T, in, out) and the weight gradient (out, in, T) per projection; full recompute runs the forward again.
 Attention core (QK^T, AV): under model.attention=sdpa with a profile's `attention_efficiency` (a fused
-causal kernel, e.g. FlashAttention), the causal half of flops.py's 4 s h per token runs at that
+causal kernel, e.g. FlashAttention), the causal half of flops.py's 4 s h per token runs forward at that
 fraction of peak; its backward recomputes the scores from the saved logsumexp instead of reading them:
-5 matmuls (QK^T again, dV, dP, dQ, dK) against the forward's 2, so forward + backward = 3.5 forwards
+5 matmuls (QK^T again, dV, dP, dQ, dK) against the forward's 2, so forward + backward = 3.5 forwards of
+FLOPs, the backward's 2.5 at `attention_backward_efficiency` (a different kernel, slower per FLOP than
+the forward; absent: the forward's fraction, as on a CPU profile whose calibrate timed both together)
 (Dao et al. 2022, FlashAttention, Algorithm 4; llm-foundry's benchmark README counts the same extra
 recompute, "attention multiplier 5 instead of 4" with checkpointing); recomputing the forward
 (selective or full checkpointing) adds 1. Eager attention (scores materialised) runs its batched GEMMs,
@@ -191,7 +193,8 @@ def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple:
     for `tokens` tokens, seconds."""
     md, pl, pt = lo.model, lo.place, lo.per_token
     key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.shapes, curve.half_ridge, md.shape,
-           md.cfg.attention, lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype), pl.tp, tokens,
+           md.cfg.attention, lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype),
+           lo.hw.attention_backward_efficiency.get(lo.dtype), pl.tp, tokens,
            pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
     if key not in _SHAPE_TIMES:
         if len(_SHAPE_TIMES) > 65536:
@@ -211,7 +214,9 @@ def _core_time(lo, tokens: float, curve: GemmCurve) -> tuple[float, float]:
     forward = tokens * md.core_flops / tp
     eff = lo.hw.attention_efficiency.get(lo.dtype) if md.cfg.attention == "sdpa" else None
     if eff:  # a fused causal kernel computes only the unmasked half, and recomputes the scores in backward
-        t = 0.5 * forward / (lo.hw.peak[lo.dtype] * float(eff) / lo.place.slowdown)
-        return 3.5 * t, t
+        peak = lo.hw.peak[lo.dtype] / lo.place.slowdown
+        t = 0.5 * forward / (peak * float(eff))
+        backward = 2.5 * 0.5 * forward / (peak * float(lo.hw.attention_backward_efficiency.get(lo.dtype, eff)))
+        return t + backward, t
     t = forward / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)
     return 3 * t, t

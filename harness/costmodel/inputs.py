@@ -38,7 +38,7 @@ class Model:
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter", "nics_per_node", "hops",
-                 "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
+                 "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "attention_backward_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
                  "corun_gemm", "corun_memory", "dtensor", "fsdp2")
 
     @classmethod
@@ -61,6 +61,8 @@ class Hardware:
         compute = dict(getattr(hw, "compute", None) or {})
         self.gemm = {k: GemmCurve.of(v) for k, v in dict(compute.get("gemm") or {}).items()}
         self.attention_efficiency = dict(compute.get("attention_efficiency") or {})
+        # the fused kernel's backward at its own fraction of peak; absent: the forward's (compute.py)
+        self.attention_backward_efficiency = dict(compute.get("attention_backward_efficiency") or {})
         # element-wise operators' bandwidth where calibrate measured it (compute.py), else the memory's
         self.elem_bw = float(compute.get("elementwise_GBps", 0.0)) * 1e9 or self.mem_bw
         self.op_dispatch_s = float(compute.get("op_dispatch_us", 0.0)) * 1e-6

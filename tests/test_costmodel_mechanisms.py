@@ -219,3 +219,49 @@ def test_fsdp_reduce_scatters_once_per_unit_and_pays_the_ring_at_scale():
     assert at(HW, n)["comm_time_s"] - at(flat, n)["comm_time_s"] == pytest.approx(extra)
     assert at(HW, n)["comm_exposed_time_s"] > at(flat, n)["comm_exposed_time_s"] + 0.1 * extra
     assert at(HW, 8)["comm_time_s"] == at(flat, 8)["comm_time_s"]
+
+
+def test_compute_under_a_collective_pays_the_profiles_overlap_slowdown():
+    """On a GPU the overlapped seconds of the collectives slow the compute under them by s / (1 + s)
+    (s = compute.overlap_slowdown, estimate.py); without the figure, and on a CPU where nothing
+    overlaps, nothing is added."""
+    import copy
+
+    out = run(strategy("strategy=zero3"), dp=64)
+    overlapped = out["comm_time_s"] - out["comm_exposed_time_s"]
+    s = HW.overlap_slowdown
+    assert s > 0 and overlapped > 0
+    assert out["comm_interference_time_s"] == pytest.approx(min(overlapped, out["compute_time_s"]) * s / (1 + s))
+    plain = copy.copy(HW)
+    plain.overlap_slowdown = 0.0
+    off = evaluate(MD, plain, strategy("strategy=zero3"), 64, 1, 1, 1, 1, 1, 4, "bf16-mixed", "full", detail=False)
+    assert off["comm_interference_time_s"] == 0.0
+    assert out["step_time_s"] == pytest.approx(off["step_time_s"] + out["comm_interference_time_s"])
+    cpu = Hardware.of(compose_run(["hardware=cpu"]).hardware)
+    tiny = Model.of(compose_run(["model=tiny"]).model)
+    assert evaluate(tiny, cpu, strategy("strategy=zero3"), 2, 1, 1, 1, 1, 1, 2, "fp32", "none",
+                    detail=False)["comm_interference_time_s"] == 0.0
+
+
+def test_hsdp_replica_all_reduce_hides_behind_the_backward_on_a_gpu_not_on_a_cpu():
+    """FSDP all-reduces each unit's gradient shard over the replicas during the rest of the backward
+    (layouts4d.replicate_exposed_s): on a GPU only the last unit's and any excess over the backward show;
+    on a CPU all of it."""
+    from harness.costmodel import predict
+    from harness.validate import validate
+
+    def hsdp(hardware, model, dp, rep, mb, *extra):
+        r = compose_run([f"hardware={hardware}", f"model={model}", "strategy=zero3", f"parallel.dp={dp}",
+                         f"parallel.dp_replicate={rep}", f"workload.micro_batch_size={mb}",
+                         f"workload.global_batch_size={dp * mb}", *extra])
+        return predict(r, validate(r, torch_runs=False))
+
+    gpu = hsdp("h100_sxm", "gpt_7b", 64, 8, 4, "workload.precision=bf16-mixed")
+    rep, exposed = gpu["comm_dp_replicate_time_s"], gpu["comm_dp_replicate_exposed_time_s"]
+    assert 0 < exposed < 0.2 * rep
+    # a backward shorter than the shard group's and the replicas' traffic leaves the excess exposed
+    short = hsdp("h100_sxm", "gpt_7b", 64, 8, 1, "workload.precision=bf16-mixed")
+    assert short["comm_dp_replicate_exposed_time_s"] > 0.5 * short["comm_dp_replicate_time_s"]
+    cpu = hsdp("cpu", "tiny", 4, 2, 1, "launcher.nproc_per_node=4")
+    assert cpu["comm_dp_replicate_time_s"] > 0
+    assert cpu["comm_dp_replicate_exposed_time_s"] == pytest.approx(cpu["comm_dp_replicate_time_s"])

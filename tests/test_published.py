@@ -60,10 +60,12 @@ def test_deepspeed_rows_run_as_the_2021_release_did():
 
 
 def test_composer_pure_rows_reduce_in_bf16():
-    """The table's MP Mode PURE (bf16 gradient reduction) maps to comm_hook=bf16, DEFAULT to nothing."""
+    """The table's MP Mode PURE (bf16 gradient reduction) maps to comm_hook=bf16, DEFAULT to nothing; so
+    does fms-fsdp's bfSixteen policy (bf16 reduce dtype)."""
     models, rows = published.load()
     pure = [r for r in rows if r.get("mp_mode") == "PURE"]
-    assert [(r["source"], r["model"]) for r in pure] == [("mpt_a100", "mpt_70b")] * 2
+    assert [(r["source"], r["model"]) for r in pure if r["source"] == "mpt_a100"] == [("mpt_a100", "mpt_70b")] * 2
+    assert {r["source"] for r in pure} == {"mpt_a100", "fms_fsdp_a100", "fms_fsdp_h100"}
     for r in rows:
         assert ("strategy.comm_hook=bf16" in published.overrides(r, models[r["model"]])) == (r in pure)
 
@@ -185,3 +187,21 @@ def test_torchtitan_async_tp_rows_price_tp_overlap_and_are_refused_at_launch():
         if r["tp_comm_overlap"]:
             with pytest.raises(ConfigError, match="does not implement"):
                 validate(compose(ovr))
+
+
+def test_fms_fsdp_rows_run_the_same_configs_on_both_clusters_with_their_networks():
+    """fms-fsdp's table ran the same scripts on 128 A100 (400 Gb/s a node) and 96 H100 (800 Gb/s): one
+    config per model on each, its network as the source's hardware_overrides, HSDP's replicas = nodes."""
+    models, rows = published.load()
+    compose = published.caching_compose()
+    fms = {(r["source"], r["model"]): r for r in rows if r["source"].startswith("fms_fsdp")}
+    assert {m for _, m in fms} == {"llama2_7b", "llama2_34b", "llama2_70b"} and len(fms) == 6
+    for (src, model), r in fms.items():
+        run = compose(published.overrides(r, models[model]))
+        nics = 4 if src == "fms_fsdp_a100" else 8
+        assert (run.hardware.inter_node.nics_per_node, run.hardware.inter_node.bus_bw_GBps) == (nics, 11.25)
+        assert run.parallel.dp_replicate == (r["gpus"] // 8 if model == "llama2_7b" else 1)
+        assert (run.workload.micro_batch_size, run.workload.global_batch_size) == (2, 2 * r["gpus"])
+    # the network override stays with its source: the next row composed on the same profile has the datasheet's
+    mega = next(r for r in rows if r["source"] == "mpt_a100")
+    assert compose(published.overrides(mega, models[mega["model"]])).hardware.inter_node.nics_per_node == 8

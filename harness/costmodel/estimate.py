@@ -29,7 +29,8 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
     dp, tp, pp, ep = (dp_comm(lo, ct, m), tp_comm(lo, mb, m), pp_comm(lo, mb, m), ep_comm(lo, mb, m))
     comm_s = dp.time_s + tp.time_s + pp.time_s + ep.time_s
     exposed = dp.exposed_s + tp.exposed_s + pp.exposed_s + ep.exposed_s
-    step_s = ct.compute_s + bubble_s + exposed
+    interference = overlap_interference_s(lo.hw, comm_s - exposed, ct.compute_s)
+    step_s = ct.compute_s + bubble_s + exposed + interference
     tokens = mb * lo.model.s * m * lo.place.dp
     w = peak.rank
     out = {
@@ -53,6 +54,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "bubble_pct": bubble_pct,
         "comm_time_s": comm_s,
         "comm_exposed_time_s": exposed,
+        "comm_interference_time_s": interference,
         "comm_share_pct": 100 * min(comm_s, step_s) / step_s,
         "comm_exposed_pct": 100 * exposed / step_s,
         "efficiency": ct.compute_s / step_s,
@@ -63,6 +65,16 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "comm_pp_exposed_time_s": pp.exposed_s, "comm_ep_exposed_time_s": ep.exposed_s,
     }
     return out
+
+
+def overlap_interference_s(hw, overlapped_s: float, compute_s: float) -> float:
+    """What a collective running under compute costs that compute: on a GPU the two share the SMs and
+    the memory (NCCL's kernels take SMs from the GEMMs), so compute overlapped by a collective runs
+    `compute.overlap_slowdown` slower (a cited measurement, conf/hardware/*.yaml). During the overlapped
+    seconds the compute does 1 / (1 + s) of its work; the rest, overlapped x s / (1 + s), is added. A
+    profile without the figure (the CPU profiles: nothing overlaps there, step_time.py) adds nothing."""
+    s = hw.overlap_slowdown
+    return max(0.0, min(overlapped_s, compute_s)) * s / (1 + s) if s else 0.0
 
 
 def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,

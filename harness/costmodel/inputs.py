@@ -39,7 +39,7 @@ class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter", "nics_per_node", "hops",
                  "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "attention_backward_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
-                 "corun_gemm", "corun_memory", "dtensor", "fsdp2")
+                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -68,6 +68,8 @@ class Hardware:
         self.op_dispatch_s = float(compute.get("op_dispatch_us", 0.0)) * 1e-6
         self.ops_per_layer = int(compute.get("ops_per_layer", 0))
         self.allocator_overhead = float(compute.get("allocator_overhead", 0.0))
+        # compute overlapped by a collective runs this much slower (estimate.py); absent: 0
+        self.overlap_slowdown = float(compute.get("overlap_slowdown", 0.0))
         corun = dict(compute.get("corun") or {})  # harness/tools/calibrate_corun.py; absent: 1
         self.corun_gemm, self.corun_memory = float(corun.get("gemm", 1.0)), float(corun.get("memory", 1.0))
         self.dtensor = DTensorDispatch.of(compute.get("dtensor"))

@@ -10,11 +10,13 @@ How a layout maps onto the base estimate (per rank, exact where the base is exac
     each sequence: the base's figures / cp. Attention FLOPs are unchanged in total: the
     load-balanced chunks (harness/strategies/cp.py) give every rank 1/cp of the causal work.
 Time of the added collectives: α-β (comm.time_s) on the link their placement gives (ranks of a
-group within one node: intra), exposed in full on CPU, as estimate.py treats tp.
+group within one node: intra). HSDP's replica all-reduces overlap the backward on a GPU
+(replicate_exposed_s), exposed in full on a CPU; cp's are exposed in full, as estimate.py treats tp.
 """
 from __future__ import annotations
 
 from harness.costmodel import comm
+from harness.costmodel.estimate import overlap_interference_s
 from harness.catalog import PRECISION_BYTES
 
 PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
@@ -58,6 +60,21 @@ def hsdp_replicate_bytes(grad_shard_bytes: float, replicate: int, reductions: in
     return reductions * comm.volume("all_reduce", replicate, grad_shard_bytes)
 
 
+def replicate_exposed_s(rep_s: float, shard: dict, calls: int, can_overlap: bool) -> float:
+    """What of the replicas' all-reduces no compute hides. FSDP all-reduces each unit's reduce-scattered
+    gradient shard over the replicas right after that reduce-scatter, during the rest of the backward
+    (torch FSDP1 _post_backward_hook -> _reduce_grad, FSDP2 foreach_reduce: both per unit, on the
+    reduction stream), so it queues behind the shard group's collectives in the backward window: exposed
+    = the last unit's all-reduce + what the shard group's dp traffic and it together leave beyond the
+    backward (2/3 of the micro-batches' compute, as step_time.py's backward_each), less what the shard
+    group's traffic left exposed there already. On a CPU nothing hides (step_time.py): exposed in full."""
+    if not can_overlap:
+        return rep_s
+    window = (shard["compute_time_s"] - shard.get("optimizer_time_s", 0.0)) * 2 / 3
+    dp_s = shard["comm_dp_time_s"]
+    return min(rep_s, max(0.0, dp_s + rep_s - window) - max(0.0, dp_s - window) + rep_s / max(1, calls))
+
+
 def _link(hw, coll: str, n: int, stride: int, ranks_per_node: int):
     return comm.collective_link(hw, coll, n, stride, ranks_per_node)
 
@@ -85,10 +102,17 @@ def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
         link = _link(hw, "all_reduce", dims.dp_replicate, dims.dp_shard * cp * dims.tp, rpn)
         units = md.n_layers // dims.pp + 1  # one all-reduce per FSDP unit and reduction
         rep_s = reductions * units * link.alpha_s + rep_bytes / link.bw_Bps
+        rep_exposed_s = replicate_exposed_s(rep_s, shard, reductions * units, hw.device != "cpu")
         out["comm_dp_replicate_bytes"], out["comm_dp_replicate_time_s"] = rep_bytes, rep_s
-        out["step_time_s"] += extra_dp_exposed_s + rep_s  # the replicas' all-reduces: exposed in full
+        out["comm_dp_replicate_exposed_time_s"] = rep_exposed_s
+        # the compute under the shard group's and the replicas' overlapped collectives (estimate.py)
+        interference_s = overlap_interference_s(hw, shard["comm_time_s"] - shard["comm_exposed_time_s"]
+                                                + rep_s - rep_exposed_s, shard["compute_time_s"])
+        extra_interference_s = interference_s - out.get("comm_interference_time_s", 0.0)
+        out["comm_interference_time_s"] = interference_s
+        out["step_time_s"] += extra_dp_exposed_s + rep_exposed_s + extra_interference_s
         out["comm_time_s"] += extra_dp_s + rep_s
-        out["comm_exposed_time_s"] += extra_dp_exposed_s + rep_s
+        out["comm_exposed_time_s"] += extra_dp_exposed_s + rep_exposed_s
     if cp > 1:
         old = {k: out.get(k) for k in ("matmul_time_s", "bubble_time_s", "comm_tp_time_s", "comm_pp_time_s")}
         for key in PER_TOKEN:

@@ -38,6 +38,8 @@ def load(path: Path = DATA) -> tuple[dict, list[dict]]:
                 row["zero"] = src["zero_of_sharding"][row["sharding"]]
             row.update(source=key, index=i, half=src["half"], hardware=src["hardware"], metric=src["metric"],
                        precision=src["precision"], cite=src["cite"])
+            if "hardware_overrides" in src:  # the source's cluster where it differs from the profile (its network)
+                row["hardware_overrides"] = dict(src["hardware_overrides"])
             if "memory_metric" in src:  # what the source's memory column measured (published_memory.py)
                 row["memory_metric"] = src["memory_metric"]
             rows.append(row)
@@ -103,13 +105,14 @@ def strategy_overrides(row: dict) -> list[str]:
 def overrides(row: dict, model: dict) -> list[str]:
     tp, pp = row["tp"], row["pp"]
     dp = row["gpus"] // (tp * pp)
-    out = [f"hardware={row['hardware']}", "model=gpt_7b", f"model.name={row['model']}",
+    out = [f"hardware={row['hardware']}", *(f"hardware.{k}={v}" for k, v in row.get("hardware_overrides", {}).items()),
+           "model=gpt_7b", f"model.name={row['model']}",
            f"model.n_layers={model['n_layers']}", f"model.d_model={model['d_model']}",
            f"model.n_heads={model['n_heads']}", f"model.d_ff={model.get('d_ff', 4 * model['d_model'])}",
            f"model.vocab_size={model['vocab_size']}", f"model.seq_len={row['seq_len']}",
            f"model.dropout={row.get('dropout', 0.0)}", f"model.attention={row.get('attention', 'sdpa')}",
            f"model.loss={row.get('loss', 'fp32')}",
-           f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
+           f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp_replicate={row.get('dp_replicate', 1)}",
            f"workload.global_batch_size={row['global_batch']}",
            f"workload.micro_batch_size={row['micro_batch_size']}", f"workload.precision={row['precision']}",
            f"workload.activation_checkpointing={row['activation_checkpointing']}", "logger=none"]
@@ -143,7 +146,8 @@ def layout_label(row: dict) -> str:
     dp = row["gpus"] // (tp * pp)
     strat = row.get("sharding") or f"zero{row.get('zero', 0)} {row.get('engine', 'torch')}"
     sp = " sp" if row.get("sequence_parallel") and row["tp"] > 1 else ""
-    return (f"{strat} dp{dp} tp{tp} pp{pp}{sp} s{row['seq_len']} mb{row['micro_batch_size']} "
+    hsdp = f" hsdp{row['dp_replicate']}x{dp // row['dp_replicate']}" if row.get("dp_replicate", 1) > 1 else ""
+    return (f"{strat} dp{dp}{hsdp} tp{tp} pp{pp}{sp} s{row['seq_len']} mb{row['micro_batch_size']} "
             f"gbs{row['global_batch']} {row['activation_checkpointing']}{' compile' if row.get('compile') else ''}")
 
 
@@ -154,12 +158,12 @@ def caching_compose():
     cache: dict = {}
 
     def compose(ovr: list[str]):
-        fixed = [o for o in ovr if o.startswith(("hardware=", "strategy"))]
+        fixed = [o for o in ovr if o.startswith(("hardware", "strategy"))]
         key = tuple(fixed)
         if key not in cache:
             cache[key] = compose_run(fixed + ["model=gpt_7b", "logger=none"])
         run = cache[key]
-        vals = dict(o.split("=", 1) for o in ovr if not o.startswith(("hardware=", "strategy", "model=", "logger=")))
+        vals = dict(o.split("=", 1) for o in ovr if not o.startswith(("hardware", "strategy", "model=", "logger=")))
         m = replace(run.model, **{k[6:]: _typed(getattr(run.model, k[6:]), v) for k, v in vals.items()
                                   if k.startswith("model.")})
         p = replace(run.parallel, **{k[9:]: int(v) for k, v in vals.items() if k.startswith("parallel.")})

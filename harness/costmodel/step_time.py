@@ -16,7 +16,8 @@
                the steady state, exposed on the fill/drain chain (2(p-1) sends); EP all-to-alls are
                exposed. On CPU nothing hides (gloo's threads need the cores the compute uses:
                docs/notes.md measured 23 % exposed by A/B where the trace said 8 %), so exposed = comm.
-    step     = compute + bubble + exposed
+    step     = compute + bubble + exposed + interference (estimate.py: compute overlapped by a collective
+               runs compute.overlap_slowdown slower on a GPU)
 """
 from __future__ import annotations
 

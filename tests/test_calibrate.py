@@ -131,6 +131,7 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     # element-wise operators on one core: slower than memory could feed them, not slower than 10 MB/s
     assert 0.01 < prof["compute"]["elementwise_GBps"] <= 2 * prof["memory_bw_GBps"], prof["compute"]
     assert 0 < prof["compute"]["attention_efficiency"]["fp32"] <= 1, prof["compute"]
+    assert 0 < prof["compute"]["attention_backward_efficiency"]["fp32"] <= 1, prof["compute"]
     assert prof["compute"]["dtensor"]["ops_per_layer"] > 0 and prof["compute"]["corun"]["gemm"] >= 1.0
     for coll in COLLECTIVES:
         fig = prof["collectives"][coll]["2"]

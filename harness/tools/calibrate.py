@@ -18,7 +18,8 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
     interleaved rounds of several calls), and the per-operator dispatch cost (harness/tools/calibrate_compute.py)
     -> compute.gemm.<dtype>.shapes and compute.op_dispatch_us (harness/costmodel/compute.py reads them).
   - the element-wise operators' bandwidth and the SDPA kernel's fraction of peak on brigade's own model
-    (harness/tools/calibrate_elementwise.py) -> compute.elementwise_GBps, compute.attention_efficiency.fp32.
+    (harness/tools/calibrate_elementwise.py) -> compute.elementwise_GBps, compute.attention_efficiency.fp32 and
+    compute.attention_backward_efficiency.fp32 (the fused kernel's forward and backward timed apart).
   - DTensor's dispatch per operator at tp 2 and the DTensor operators of a block, of the rest of the
     model and of the AdamW step, and how a block's operator grows at model=small's tensors (priced against
     the kernels just measured) (harness/tools/calibrate_dtensor.py) -> compute.dtensor; FSDP2's host

@@ -15,9 +15,11 @@ rounds under OpProfile(timed=True), this thread's CPU time inside each operator:
                        seconds and the views' (each view is an operator the step dispatches between
                        them): the median over rounds -> compute.elementwise_GBps, the bandwidth
                        harness/costmodel/compute.py divides a layer's and the head's traffic by.
-    attention_efficiency.fp32 = the fused kernel's FLOPs as compute.py counts them (the causal half of
-                       the core's forward, 3.5 forwards with the backward's recompute) over its seconds,
-                       as a fraction of the profile's fp32 peak: the median over rounds.
+    attention_efficiency.fp32 = the fused kernel's forward FLOPs as compute.py counts them (the causal
+                       half of the core's forward) over the forward operator's seconds, as a fraction of
+                       the profile's fp32 peak: the median over rounds;
+    attention_backward_efficiency.fp32 = the same for its backward operator, whose FLOPs compute.py
+                       counts as 2.5 forwards (the scores recomputed): a different kernel, timed apart.
 The AdamW step and gradient accumulation stay at the triad's bandwidth (memory_bw_GBps): their
 operators are plain lerp/mul/add passes that stream (AdamW measured at 13.7 GB/s of its 72 B per
 parameter against a 13.2 GB/s triad, 12-02).
@@ -27,16 +29,20 @@ from __future__ import annotations
 import statistics
 
 MODEL = "small"
+ATTENTION_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"  # op_profile.ATTENTION's two operators
+ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
 MICRO_BATCH = 2
 SOURCE = ("model={model} fp32, micro-batch {mb}, forward + loss + backward under a TorchDispatchMode timing each "
           "aten op in this thread's CPU time (harness/tools/op_profile.py), median of {rounds} rounds: "
           "elementwise_GBps = element-wise ops' bytes / (their seconds + the views'); attention_efficiency.fp32 = "
-          "the SDPA kernel's counted FLOPs (compute.py: causal half, 3.5 forwards) / its seconds / fp32 peak "
+          "the SDPA forward's counted FLOPs (compute.py: the causal half) / its seconds / fp32 peak, "
+          "attention_backward_efficiency.fp32 the same for its backward (2.5 forwards of FLOPs) "
           "(harness/tools/calibrate_elementwise.py)")
 
 
 def measure(rounds: int, peak_fp32_tflops: float) -> dict:
-    """{elementwise_GBps, attention_efficiency: {fp32}} of this core (module docstring)."""
+    """{elementwise_GBps, attention_efficiency: {fp32}, attention_backward_efficiency: {fp32}} of this core
+    (module docstring)."""
     import torch
 
     from harness.config import compose_run
@@ -56,15 +62,18 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
 
     step()  # the first step allocates and picks kernels
     core_forward = MICRO_BATCH * cfg.seq_len * Model.of(cfg).core_flops * cfg.n_layers
-    elementwise, attention = [], []
+    elementwise, forward, backward = [], [], []
+    flops, peak = 0.5 * core_forward, peak_fp32_tflops * 1e12  # the causal half of the core's forward
     for _ in range(rounds):
         with OpProfile(timed=True) as prof:
             step()
-        s = prof.seconds
+        s, by_op = prof.seconds, prof.seconds_by_op
         elementwise.append(prof.bytes["elementwise"] / max(s["elementwise"] + s["view"], 1e-9) / 1e9)
         if prof.ops["attention"]:
-            attention.append(3.5 * 0.5 * core_forward / max(s["attention"], 1e-9) / (peak_fp32_tflops * 1e12))
+            forward.append(flops / max(by_op.get(ATTENTION_FORWARD, 0.0), 1e-9) / peak)
+            backward.append(2.5 * flops / max(by_op.get(ATTENTION_BACKWARD, 0.0), 1e-9) / peak)
     out = {"elementwise_GBps": round(statistics.median(elementwise), 3)}
-    if attention:
-        out["attention_efficiency"] = {"fp32": round(statistics.median(attention), 4)}
+    if forward:
+        out["attention_efficiency"] = {"fp32": round(statistics.median(forward), 4)}
+        out["attention_backward_efficiency"] = {"fp32": round(statistics.median(backward), 4)}
     return out

@@ -40,7 +40,8 @@ def kind_of(name: str) -> str:
 class OpProfile(TorchDispatchMode):
     """Per kind: ops, bytes (element-wise only: views move none, GEMMs and attention are timed by
     FLOPs) and seconds (timed=True: this thread's CPU time inside each operator, so the mode's own
-    Python between operators is not counted). `by_op`: element-wise bytes per operator name."""
+    Python between operators is not counted). `by_op`: element-wise bytes per operator name;
+    `seconds_by_op`: seconds per operator name (the fused attention's forward and backward apart)."""
 
     def __init__(self, timed: bool = False):
         super().__init__()
@@ -49,6 +50,7 @@ class OpProfile(TorchDispatchMode):
         self.bytes = dict.fromkeys(KINDS, 0)
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.by_op: dict[str, int] = {}
+        self.seconds_by_op: dict[str, float] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         t0 = time.thread_time() if self.timed else 0.0
@@ -58,6 +60,7 @@ class OpProfile(TorchDispatchMode):
         kind = kind_of(name)
         self.ops[kind] += 1
         self.seconds[kind] += dt
+        self.seconds_by_op[name] = self.seconds_by_op.get(name, 0.0) + dt
         if kind == "elementwise":
             moved = sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs, out))[0]
                         if isinstance(t, torch.Tensor))

@@ -214,9 +214,8 @@ def _core_time(lo, tokens: float, curve: GemmCurve) -> tuple[float, float]:
     forward = tokens * md.core_flops / tp
     eff = lo.hw.attention_efficiency.get(lo.dtype) if md.cfg.attention == "sdpa" else None
     if eff:  # a fused causal kernel computes only the unmasked half, and recomputes the scores in backward
-        peak = lo.hw.peak[lo.dtype] / lo.place.slowdown
-        t = 0.5 * forward / (peak * float(eff))
-        backward = 2.5 * 0.5 * forward / (peak * float(lo.hw.attention_backward_efficiency.get(lo.dtype, eff)))
-        return t + backward, t
+        at_peak = 0.5 * forward / (lo.hw.peak[lo.dtype] / lo.place.slowdown)
+        t = at_peak / float(eff)
+        return t + 2.5 * at_peak / float(lo.hw.attention_backward_efficiency.get(lo.dtype, eff)), t
     t = forward / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)
     return 3 * t, t

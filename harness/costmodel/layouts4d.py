@@ -70,7 +70,7 @@ def replicate_exposed_s(rep_s: float, shard: dict, calls: int, can_overlap: bool
     group's traffic left exposed there already. On a CPU nothing hides (step_time.py): exposed in full."""
     if not can_overlap:
         return rep_s
-    window = (shard["compute_time_s"] - shard.get("optimizer_time_s", 0.0)) * 2 / 3
+    window = (shard["compute_time_s"] - shard["optimizer_time_s"]) * 2 / 3
     dp_s = shard["comm_dp_time_s"]
     return min(rep_s, max(0.0, dp_s + rep_s - window) - max(0.0, dp_s - window) + rep_s / max(1, calls))
 
@@ -108,7 +108,7 @@ def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
         # the compute under the shard group's and the replicas' overlapped collectives (estimate.py)
         interference_s = overlap_interference_s(hw, shard["comm_time_s"] - shard["comm_exposed_time_s"]
                                                 + rep_s - rep_exposed_s, shard["compute_time_s"])
-        extra_interference_s = interference_s - out.get("comm_interference_time_s", 0.0)
+        extra_interference_s = interference_s - out["comm_interference_time_s"]
         out["comm_interference_time_s"] = interference_s
         out["step_time_s"] += extra_dp_exposed_s + rep_exposed_s + extra_interference_s
         out["comm_time_s"] += extra_dp_s + rep_s

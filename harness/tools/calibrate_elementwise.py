@@ -29,8 +29,6 @@ from __future__ import annotations
 import statistics
 
 MODEL = "small"
-ATTENTION_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"  # op_profile.ATTENTION's two operators
-ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
 MICRO_BATCH = 2
 SOURCE = ("model={model} fp32, micro-batch {mb}, forward + loss + backward under a TorchDispatchMode timing each "
           "aten op in this thread's CPU time (harness/tools/op_profile.py), median of {rounds} rounds: "
@@ -47,7 +45,7 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
 
     from harness.config import compose_run
     from harness.costmodel.inputs import Model
-    from harness.tools.op_profile import OpProfile
+    from harness.tools.op_profile import ATTENTION_BACKWARD, ATTENTION_FORWARD, OpProfile
     from models.gpt import build_model
     from models.loss import cross_entropy
 

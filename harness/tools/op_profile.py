@@ -22,8 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 GEMM = frozenset({"mm", "addmm", "bmm"})
-ATTENTION = frozenset({"_scaled_dot_product_flash_attention_for_cpu",
-                       "_scaled_dot_product_flash_attention_for_cpu_backward"})
+ATTENTION_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
+ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
+ATTENTION = frozenset({ATTENTION_FORWARD, ATTENTION_BACKWARD})
 VIEWS = frozenset({"view", "_unsafe_view", "expand", "as_strided", "transpose", "permute", "unsqueeze", "slice",
                    "select", "t", "detach", "alias", "split", "split_with_sizes", "squeeze", "unbind", "reshape"})
 KINDS = ("gemm", "attention", "view", "elementwise")

@@ -161,7 +161,7 @@ def why(c: Candidate, nxt: Candidate | None, mem_bytes: float) -> str:
     """What this layout spends its step on, its headroom, and what separates it from the next one."""
     p = c.pred
     head = (mem_bytes - p["peak_mem_bytes"]) / 1024**3
-    slowed = 100 * p.get("comm_interference_time_s", 0.0) / p["step_time_s"]  # compute under collectives
+    slowed = 100 * p["comm_interference_time_s"] / p["step_time_s"]  # compute under collectives
     text = (f"η {100 * p['efficiency']:.0f}%: exposed comm {p['comm_exposed_pct']:.1f}%, "
             + (f"compute slowed under comm {slowed:.1f}%, " if slowed >= 0.05 else "")
             + f"bubble {p['bubble_pct']:.1f}%, {head:.1f} GiB free")
@@ -174,7 +174,7 @@ def why(c: Candidate, nxt: Candidate | None, mem_bytes: float) -> str:
     else:
         compute = f"less compute (GEMMs at tp {c.tp} mb {c.mb} vs tp {nxt.tp} mb {nxt.mb})"
     diffs = {"less exposed comm": q["comm_exposed_time_s"] - p["comm_exposed_time_s"],
-             "less comm under compute": q.get("comm_interference_time_s", 0.0) - p.get("comm_interference_time_s", 0.0),
+             "less comm under compute": q["comm_interference_time_s"] - p["comm_interference_time_s"],
              "smaller bubble": q["bubble_time_s"] - p["bubble_time_s"],
              compute: q["compute_time_s"] - p["compute_time_s"]}
     reason, delta = max(diffs.items(), key=lambda kv: kv[1])

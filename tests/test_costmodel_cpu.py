@@ -9,7 +9,7 @@ import math
 import pytest
 
 from harness.config import as_dict, compose_run
-from harness.costmodel import comm
+from harness.costmodel import comm, pipeline
 from harness.costmodel.estimate import evaluate
 from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.layout import placement
@@ -109,6 +109,43 @@ def test_corunning_slows_every_rank_of_a_busy_node_by_the_measured_factor():
     assert predict(hw)["step_time_s"] == predict(plain)["step_time_s"]  # one rank: nothing co-runs
     ddp, ddp_plain = predict(hw, dp=2, strategy="ddp", m=2), predict(plain, dp=2, strategy="ddp", m=2)
     assert ddp_plain["compute_time_s"] * 1.25 < ddp["compute_time_s"] < ddp_plain["compute_time_s"] * 1.5
+
+
+def test_a_pipelines_stages_run_at_the_rate_of_the_stages_computing_with_them():
+    """1F1B, 2 stages, 4 micro-batches (F = 1, B = 2 units; schedule.py's timeline): one stage computes
+    alone for 6 of the 15 units (the fill, rank 0's wait for the first backward, the drain), both for 9;
+    of the ranks' 24 busy units 6 run alone and 18 together. Stretching each instant by relative[k]
+    (k stages computing) stretches the span and the busy time so."""
+    r = 0.8
+    assert pipeline.busy_warp("1f1b", 2, 1, 4, (1.0, r, 1.0)) == pytest.approx(((6 * r + 9) / 15, (6 * r + 18) / 24))
+    assert pipeline.busy_warp("1f1b", 2, 1, 4, (1.0, 1.0, 1.0)) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("pp,corun", [(2, {"cores": 2, "gemm": 1.25, "memory": 1.5}), (4, None)])
+def test_cpu_pipeline_fill_and_drain_run_faster_than_its_steady_state(monkeypatch, pp, corun):
+    """pp 2 on 2 cores: one stage alone escapes the co-running slowdown; pp 4 on 2 cores: fewer than 4
+    stages computing time-share less. The pipeline's span (compute + bubble) is the unwarped one
+    stretched by pipeline.busy_warp's span, and the busy part by its busy factor."""
+    hw = hardware(corun=corun)
+    warped = predict(hw, pp=pp, strategy="pp", m=4)
+    with monkeypatch.context() as mp:
+        mp.setattr(pipeline, "busy_warp", lambda *a: (1.0, 1.0))
+        flat = predict(hw, pp=pp, strategy="pp", m=4)
+    span = lambda p: p["compute_time_s"] + p["bubble_time_s"] - p["optimizer_time_s"]  # noqa: E731
+    busy = lambda p: p["compute_time_s"] - p["optimizer_time_s"]  # noqa: E731
+    low = 1 / 1.5 if corun else 1 / 2
+    assert low < span(warped) / span(flat) < busy(warped) / busy(flat) < 1.0
+    assert warped["bubble_pct"] < flat["bubble_pct"]
+    if corun:  # two ranks on two cores without co-running: every stage already has its core
+        plain = hardware(corun=None)
+        assert predict(plain, pp=2, strategy="pp", m=4)["step_time_s"] == pytest.approx(
+            _unwarped(monkeypatch, plain)["step_time_s"], rel=1e-12)
+
+
+def _unwarped(monkeypatch, hw):
+    with monkeypatch.context() as mp:
+        mp.setattr(pipeline, "busy_warp", lambda *a: (1.0, 1.0))
+        return predict(hw, pp=2, strategy="pp", m=4)
 
 
 def test_gpu_profiles_ignore_the_cpu_terms():

@@ -119,11 +119,16 @@ def placement(hw: Hardware, dp: int, tp: int, pp: int, vpp: int, ep: int, nodes:
     rpn = ranks_per_node(hw, world, nodes)
     if hw.device != "cpu":
         return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, 1.0, 1.0)
-    # beyond the core count ranks time-share; from 2 ranks on, every core computes at once and each
-    # runs at the rate calibrate measured with all cores busy (harness/tools/calibrate_corun.py)
-    sharing = max(1.0, rpn / hw.devices_per_node)
-    corun = (hw.corun_gemm, hw.corun_memory) if rpn > 1 else (1.0, 1.0)
-    return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, sharing * corun[0], sharing * corun[1])
+    return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, *cpu_slowdowns(hw, rpn))
+
+
+def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
+    """(GEMM, memory) slowdown of each of `busy_ranks` CPU ranks computing at once on a node: beyond the
+    core count they time-share; from 2 ranks on, every core computes at once and each runs at the rate
+    calibrate measured with all cores busy (harness/tools/calibrate_corun.py)."""
+    sharing = max(1.0, busy_ranks / hw.devices_per_node)
+    corun = (hw.corun_gemm, hw.corun_memory) if busy_ranks > 1 else (1.0, 1.0)
+    return sharing * corun[0], sharing * corun[1]
 
 
 def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:

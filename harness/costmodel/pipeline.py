@@ -11,10 +11,20 @@ i.e. backward twice the forward, split evenly into input- and weight-gradient ha
         m >= 2p fills the schedule; with fewer micro-batches ZB-H1's figure -> zbv_zero_bubble
     DualPipeV (DeepSeek-V3 report, Table 2) (p/2-1)(t_F&B + t_B - 3 t_W) = 0 with these ratios and
         m >= p; ZB-H1's figure below that -> dualpipev
+
+On CPU the stages share the cores: a rank computes slower the more ranks compute at once (time-sharing
+beyond the core count, and calibrate's co-running slowdown from two on). While the pipeline fills and
+drains fewer stages compute, so those actions run faster than the steady state's. `busy_warp` takes the
+schedule's own timeline (schedule.py, equal stages) and stretches each instant by the slowdown of the
+stages busy then, relative to all busy; every rank busy at that instant is slowed alike, so the
+stretched timeline keeps the schedule's order and its dependencies.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from harness import catalog
+from harness.costmodel import schedule as sched
 
 # idle units by the catalog's `bubble` kind of a schedule: f(pp, m)
 IDLE_UNITS = {
@@ -37,3 +47,24 @@ def bubble_pct(schedule: str, pp: int, vpp: int, m: int) -> float:
     idle = bubble_units(schedule, pp, vpp, m)
     v = vpp if pp > 1 else 1
     return 100.0 * idle / (v * m + idle) if idle else 0.0
+
+
+@lru_cache(maxsize=4096)
+def busy_warp(schedule: str, pp: int, vpp: int, m: int, relative: tuple) -> tuple[float, float]:
+    """(span, busy): the pipeline's makespan and the mean rank's busy time, each stretched by
+    relative[k], the time of an action while k stages compute over its time with all pp computing
+    (relative[pp] = 1; relative[0], no stage busy, is 1), as fractions of their unstretched values."""
+    changes: dict[float, int] = {}
+    for e in sched.simulate(schedule, pp, m, vpp).events:
+        changes[e["start_s"]] = changes.get(e["start_s"], 0) + 1
+        changes[e["end_s"]] = changes.get(e["end_s"], 0) - 1
+    span = stretched = busy = busy_stretched = 0.0
+    k, t0 = 0, 0.0
+    for t1 in sorted(changes):
+        dt = t1 - t0
+        span += dt
+        stretched += dt * relative[k]
+        busy += k * dt
+        busy_stretched += k * dt * relative[k]
+        k, t0 = k + changes[t1], t1
+    return stretched / span, busy_stretched / busy

@@ -3,7 +3,8 @@
     t_mb     = one micro-batch's compute on the rank (compute.py: GEMMs, attention, element-wise)
     compute  = m * t_mb + optimizer step and gradient accumulation bytes / memory bandwidth
                (+ the optimizer step's DTensor dispatch with tp > 1 on a CPU profile that measured it)
-    bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py)
+    bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py); on CPU, where stages share the
+               cores, compute + bubble stretch by pipeline.busy_warp: fill and drain run faster
     comm     = Σ α-β times per axis (comm.py, dp_comm.py); tp and pp per call from calibrate's measured time
                per message size where the profile has one (comm.call_s), tp's collectives (all-reduce;
                sequence parallel: all-gather, reduce-scatter) as a step meets them where calibrate
@@ -28,15 +29,18 @@ from harness.costmodel import comm
 from harness.costmodel import pipeline as pipe
 from harness.costmodel import traffic
 from harness.costmodel.compute import microbatch_times
+from harness.costmodel.layout import cpu_slowdowns
 
 
 @dataclass(slots=True)
 class ComputeTime:
-    per_rank_s: dict  # pp rank -> seconds per micro-batch
+    per_rank_s: dict  # pp rank -> seconds per micro-batch, all stages computing
     microbatch_s: float  # the slowest rank's
     matmul_s: float  # m micro-batches of the slowest rank's GEMMs and attention
     optimizer_s: float
     compute_s: float
+    span_warp: float = 1.0  # CPU pipelines: makespan / its all-stages-busy value (pipeline.busy_warp)
+    busy_warp: float = 1.0  # ... a rank's busy time / its all-stages-busy value
 
 
 @dataclass(slots=True)
@@ -56,7 +60,23 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
             slowest, slowest_matmul = matmul + elementwise, matmul
     optimizer_s = ((lo.optimizer_traffic_bytes + (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems)
                    / lo.mem_bw if lo.mem_bw else 0.0) + lo.optimizer_dispatch_s
-    return ComputeTime(per_rank, slowest, m * slowest_matmul, optimizer_s, m * slowest + optimizer_s)
+    span, busy = _cpu_pipeline_warp(lo, m, slowest_matmul / slowest if slowest else 1.0)
+    return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
+                       span, busy)
+
+
+def _cpu_pipeline_warp(lo, m: int, gemm_share: float) -> tuple[float, float]:
+    """pipeline.busy_warp for CPU stages sharing the cores (1, 1 elsewhere): with k of p stages busy,
+    k * ranks_per_node / p ranks compute; their GEMM and memory-bound shares slow down as
+    layout.cpu_slowdowns says, relative to all stages busy (the rates per_rank_s holds)."""
+    pl = lo.place
+    if lo.hw.device != "cpu" or pl.pp <= 1 or (pl.slowdown == 1.0 and pl.mem_slowdown == 1.0):
+        return 1.0, 1.0
+    relative = [1.0]
+    for k in range(1, pl.pp + 1):
+        gemm, memory = cpu_slowdowns(lo.hw, k * pl.ranks_per_node / pl.pp)
+        relative.append(round(gemm_share * gemm / pl.slowdown + (1 - gemm_share) * memory / pl.mem_slowdown, 6))
+    return pipe.busy_warp(lo.strategy.schedule, pl.pp, pl.vpp, m, tuple(relative))
 
 
 def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
@@ -72,9 +92,9 @@ def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
     t = ct.per_rank_s
     t_all = [t[0], *[t[min(1, pl.pp - 1)]] * (pl.pp - 2), t[pl.pp - 1]]
     others = (sum(t_all) - t_mb) / (pl.pp - 1)
-    pipe_s = m * t_mb + units * others / pl.vpp
-    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all)
-    return units * t_mb / pl.vpp, 100 * idle_mean_s / pipe_s
+    pipe_s = (m * t_mb + units * others / pl.vpp) * ct.span_warp
+    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all) * ct.busy_warp
+    return (m * t_mb + units * t_mb / pl.vpp) * ct.span_warp - m * t_mb * ct.busy_warp, 100 * idle_mean_s / pipe_s
 
 
 def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:

@@ -19,7 +19,7 @@ import pytest
 
 from harness.report import ring, scaling
 from harness import catalog
-from harness.costmodel import schedule
+from harness.costmodel import pipeline, schedule
 from harness.report.mesh import describe
 from harness.report.study import Run, load
 from tests.helpers import cli, records
@@ -101,6 +101,22 @@ def test_simulated_bubble_is_the_textbook_formula():
     # zero-bubble schedules fill the gaps with weight-gradient work: less bubble than 1F1B
     assert schedule.simulate("interleaved_zero_bubble", 4, 8, 2).bubble_pct < schedule.formula_bubble_pct(4, 8, 2)
     assert schedule.simulate("zbv_zero_bubble", 4, 8, 2).bubble_pct < schedule.formula_bubble_pct(4, 8)
+
+
+@pytest.mark.parametrize("sched,v", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 3),
+                                     ("interleaved_1f1b", 4), ("looped_bfs", 2), ("interleaved_zero_bubble", 2),
+                                     ("interleaved_zero_bubble", 3), ("interleaved_zero_bubble", 4),
+                                     ("zbv_zero_bubble", 2), ("dualpipev", 2)])
+def test_unfilled_pipeline_idles_as_its_timeline_says(sched, v):
+    """Fewer micro-batches than ranks: the cost model's idle time (pipeline.bubble_units, in units of one
+    chunk's F + B + W) is the simulated timeline's, where the filled formulas would say far less
+    (interleaved, m = 1, pp 2, v 2: 2 units, not 1)."""
+    assert pipeline.bubble_units("interleaved_1f1b", 2, 2, 1) == 2
+    for p in (2, 3, 4, 6, 8, 12):
+        for m in range(1, p):
+            sim = schedule.simulate(sched, p, m, v)
+            idle = (sim.makespan - 3 * m) * sim.vpp / 3  # a rank is busy 3/v per chunk, v m chunks
+            assert pipeline.bubble_units(sched, p, v, m) == pytest.approx(idle), (p, m)
 
 
 def test_1f1b_keeps_at_most_p_minus_rank_microbatches_in_flight():

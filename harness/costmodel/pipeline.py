@@ -11,6 +11,7 @@ i.e. backward twice the forward, split evenly into input- and weight-gradient ha
         m >= 2p fills the schedule; with fewer micro-batches ZB-H1's figure -> zbv_zero_bubble
     DualPipeV (DeepSeek-V3 report, Table 2) (p/2-1)(t_F&B + t_B - 3 t_W) = 0 with these ratios and
         m >= p; ZB-H1's figure below that -> dualpipev
+    m < p: the pipeline never fills: UNFILLED_IDLE_UNITS, the schedule's own timeline (schedule.py)
 
 On CPU the stages share the cores: a rank computes slower the more ranks compute at once (time-sharing
 beyond the core count, and calibrate's co-running slowdown from two on). While the pipeline fills and
@@ -35,11 +36,32 @@ IDLE_UNITS = {
 }
 
 
+def _split_unfilled(pp: int, v: int, m: int) -> float:
+    return (pp - 1) / 3 + v / 3 * (pp - max(m, pp / 2)) + (v - 2 / 3) * max(0.0, pp / 2 - m)
+
+
+# m < pp: f(pp, v chunks per rank, m). Each micro-batch walks its v * pp chunks rank after rank and the
+# ranks wait for it. Looped schedules: the first micro-batch's forward and backward take v * pp chunk
+# units end to end and each further one adds one, so idle = v pp + m - 1 - v m = (p - 1) + (v - 1)(p - m)
+# (v = 1: GPipe and 1F1B's p - 1, whatever m). Split backward (W fills waits): schedule.py's timeline,
+# (p-1)/3 at m = p, v/3 more per micro-batch fewer down to p/2, v - 2/3 more per one below that;
+# tests/test_report.py checks both against the simulator.
+UNFILLED_IDLE_UNITS = {
+    "textbook": lambda pp, v, m: (pp - 1) + (v - 1) * (pp - m),
+    "zb_h1": _split_unfilled,
+    "zbv": _split_unfilled,
+    "dualpipe_v": _split_unfilled,
+}
+
+
 def bubble_units(schedule: str, pp: int, vpp: int, m: int) -> float:
     """Idle time per step in units of one virtual stage's t_F + t_B + t_W."""
     if pp <= 1:
         return 0.0
-    return IDLE_UNITS[catalog.schedule(schedule).bubble](pp, m)
+    row = catalog.schedule(schedule)
+    if m < pp:  # the formulas above assume the pipeline fills
+        return UNFILLED_IDLE_UNITS[row.bubble](pp, catalog.chunks_per_rank(schedule, vpp), m)
+    return IDLE_UNITS[row.bubble](pp, m)
 
 
 def bubble_pct(schedule: str, pp: int, vpp: int, m: int) -> float:

@@ -65,12 +65,17 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
                        span, busy)
 
 
+WARP_MAX_CHUNKS = 1024  # a CPU layout beyond this keeps the all-busy rate (a 2-core VM runs pp <= 4)
+
+
 def _cpu_pipeline_warp(lo, m: int, gemm_share: float) -> tuple[float, float]:
     """pipeline.busy_warp for CPU stages sharing the cores (1, 1 elsewhere): with k of p stages busy,
     k * ranks_per_node / p ranks compute; their GEMM and memory-bound shares slow down as
     layout.cpu_slowdowns says, relative to all stages busy (the rates per_rank_s holds)."""
     pl = lo.place
     if lo.hw.device != "cpu" or pl.pp <= 1 or (pl.slowdown == 1.0 and pl.mem_slowdown == 1.0):
+        return 1.0, 1.0
+    if pl.pp * pl.vpp * m > WARP_MAX_CHUNKS:  # the V schedules' simulator is quadratic in its actions
         return 1.0, 1.0
     relative = [1.0]
     for k in range(1, pl.pp + 1):

@@ -213,3 +213,17 @@ def chunks_per_rank(name: str, vpp: int) -> int:
     """Stage chunks a pp rank runs (its v in the bubble formulas)."""
     row = schedule(name)
     return 2 if row.placement == "v" else (vpp if row.placement == "looped" else 1)
+
+
+def microbatch_rule_broken(name: str, engine: str, pp: int, vpp: int, m: int) -> str:
+    """Which micro-batch rule of the schedule m breaks on this engine ("" when none): `min_microbatches`
+    on every engine, `torch_microbatches` on torch (validate.py words each refusal; plan skips them)."""
+    row = schedule(name)
+    if row.min_microbatches == "stages" and m < pp * vpp:
+        return "stages"
+    if engine == "torch":
+        if row.torch_microbatches == "stages_pp" and m < pp:
+            return "stages_pp"
+        if row.torch_microbatches == "rounds" and m % max(1, m // pp):
+            return "rounds"
+    return ""

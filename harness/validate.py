@@ -183,28 +183,27 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
     w = run.workload
     m_math = (f"num_microbatches {nmb} = global_batch_size {w.global_batch_size} / (dp {dims.dp} * "
               f"micro_batch_size {w.micro_batch_size})")
-    if row.min_microbatches == "stages" and nmb < stages:
+    broken = catalog.microbatch_rule_broken(s.schedule, s.engine, dims.pp, dims.vpp, nmb)
+    if broken == "stages":
         raise ConfigError(f"{s.schedule} needs num_microbatches >= stages: {m_math} < pp {dims.pp} * vpp {dims.vpp} "
                           f"= {stages} stages")
-    if s.engine == "torch":
-        _validate_torch_pipeline(run, dims, nmb, m_math)
-
-
-def _validate_torch_pipeline(run: RunConfig, dims: ParallelDims, nmb: int, m_math: str) -> None:
-    """What torch 2.13's pipelining schedules raise at construction (checked against schedules.py), and
-    what brigade's pp/3d strategies do not carry across stages."""
-    s = run.strategy
-    rule = catalog.schedule(s.schedule).torch_microbatches
-    if rule == "stages_pp" and nmb < dims.pp:
+    if broken == "stages_pp":
         # Schedule1F1B: "Number of microbatches must be greater than or equal to the number of stages"
         raise ConfigError(f"{s.schedule} needs num_microbatches >= stages: {m_math} < pp {dims.pp}")
-    if rule == "rounds":
+    if broken == "rounds":
         # torch runs rounds = max(1, m // pp) rounds of m / rounds micro-batches each
         rounds = max(1, nmb // dims.pp)
-        if nmb % rounds:
-            raise ConfigError(f"{s.schedule} needs num_microbatches to be a multiple of its rounds: {m_math}; "
-                              f"rounds = max(1, {nmb} // pp {dims.pp}) = {rounds}, {nmb} % {rounds} = "
-                              f"{nmb % rounds}; use a multiple of pp {dims.pp}")
+        raise ConfigError(f"{s.schedule} needs num_microbatches to be a multiple of its rounds: {m_math}; "
+                          f"rounds = max(1, {nmb} // pp {dims.pp}) = {rounds}, {nmb} % {rounds} = "
+                          f"{nmb % rounds}; use a multiple of pp {dims.pp}")
+    if s.engine == "torch":
+        _validate_torch_pipeline(run)
+
+
+def _validate_torch_pipeline(run: RunConfig) -> None:
+    """What torch 2.13's pipelining schedules refuse beyond their micro-batch rules (catalog.py, checked
+    against schedules.py), and what brigade's pp/3d strategies do not carry across stages."""
+    s = run.strategy
     if run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs one loss scale and one inf/nan check across every pipeline stage, "
                           "which the torch pipeline strategies do not coordinate: use bf16-mixed or fp32")

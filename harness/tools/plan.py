@@ -135,6 +135,8 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                     if gbs % (dp * mb):
                                         continue
                                     m = gbs // (dp * mb)
+                                    if pp > 1 and catalog.microbatch_rule_broken(schedule, "torch", pp, vpp, m):
+                                        continue  # the schedule refuses this micro-batch count (validate.py)
                                     if lo is None:  # what micro-batching and checkpointing do not change, once
                                         lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
                                         shards = {r: layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes)

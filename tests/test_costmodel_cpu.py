@@ -136,16 +136,6 @@ def test_cpu_pipeline_fill_and_drain_run_faster_than_its_steady_state(monkeypatc
     low = 1 / 1.5 if corun else 1 / 2
     assert low < span(warped) / span(flat) < busy(warped) / busy(flat) < 1.0
     assert warped["bubble_pct"] < flat["bubble_pct"]
-    if corun:  # two ranks on two cores without co-running: every stage already has its core
-        plain = hardware(corun=None)
-        assert predict(plain, pp=2, strategy="pp", m=4)["step_time_s"] == pytest.approx(
-            _unwarped(monkeypatch, plain)["step_time_s"], rel=1e-12)
-
-
-def _unwarped(monkeypatch, hw):
-    with monkeypatch.context() as mp:
-        mp.setattr(pipeline, "busy_warp", lambda *a: (1.0, 1.0))
-        return predict(hw, pp=2, strategy="pp", m=4)
 
 
 def test_gpu_profiles_ignore_the_cpu_terms():

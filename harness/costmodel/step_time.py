@@ -97,9 +97,10 @@ def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
     t = ct.per_rank_s
     t_all = [t[0], *[t[min(1, pl.pp - 1)]] * (pl.pp - 2), t[pl.pp - 1]]
     others = (sum(t_all) - t_mb) / (pl.pp - 1)
-    pipe_s = (m * t_mb + units * others / pl.vpp) * ct.span_warp
-    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all) * ct.busy_warp
-    return (m * t_mb + units * t_mb / pl.vpp) * ct.span_warp - m * t_mb * ct.busy_warp, 100 * idle_mean_s / pipe_s
+    span, busy = ct.span_warp, ct.busy_warp  # 1 but on CPU pipelines (compute_time)
+    pipe_s = (m * t_mb + units * others / pl.vpp) * span
+    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all) * busy
+    return (m + units / pl.vpp) * t_mb * span - m * t_mb * busy, 100 * idle_mean_s / pipe_s
 
 
 def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:

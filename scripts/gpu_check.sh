@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# brigade on NVIDIA GPUs: the single-device study (and its MFU), and with 4+ GPUs the dp_vs_3d study.
-# Every run ends in a record (results/<study>.jsonl), like any other brigade run.
+# brigade on NVIDIA GPUs: the device's own profile (calibrate), the single-device study (and its MFU), and
+# with 4+ GPUs the dp_vs_3d study. Every run ends in a record (results/<study>.jsonl), like any other run.
 #
 #   scripts/gpu_check.sh                      # HW=h100_sxm: the profile whose peak TFLOPs MFU uses
 #   HW=a100_80g scripts/gpu_check.sh          # a100_80g | h100_sxm | h200 (conf/hardware/)
 #   COMPILE=true scripts/gpu_check.sh         # also with torch.compile (workload.compile=true)
+#   CALIBRATE=false scripts/gpu_check.sh      # skip step 0 (about 2 minutes)
 #
 # Needs a CUDA build of torch in .venv (install it before `make install`: see README) and, for the
 # NVML memory reading, nvidia-ml-py (installed here if missing). What it runs:
+#   0. python -m harness.calibrate hardware=$HW on cuda:0 (harness/tools/calibrate_gpu.py): GEMMs by shape
+#      after a soak, memory and element-wise bandwidth, the fused attention's forward and backward ->
+#      conf/hardware/local/${HW}_measured.yaml, printed beside the cited profile's figures
 #   1. gpu_single: strategy=single, bf16-mixed, model gpt2_124m and gpt_1_3b (10 timed steps each,
 #      step time from CUDA events, peak memory from max_memory_allocated/reserved and NVML, comm 0)
 #   2. with 4 or more GPUs: experiment=dp_vs_3d on this hardware (NCCL; comm share from NCCL kernels)
-#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.fidelity)
+#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.fidelity),
+#      and the single-device steps predicted again on the measured profile of step 0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -27,6 +32,16 @@ if [ "$NGPU" -lt 1 ]; then
 fi
 $PY -c "import pynvml" 2>/dev/null || $PY -m pip install -q nvidia-ml-py==13.615.71
 echo "== $NGPU GPU(s): $($PY -c 'import torch; print(torch.cuda.get_device_name(0))'), hardware profile $HW, compile=$COMPILE"
+
+# 0. the device's own figures, beside the cited ones the predictions below use
+MEASURED=""
+if [ "${CALIBRATE:-true}" = "true" ]; then
+  if $PY -m harness.calibrate hardware="$HW" --name "${HW}_measured"; then
+    MEASURED="local/${HW}_measured"
+  else
+    echo "== calibrate on $HW failed (above); the study runs on the cited profile only" >&2
+  fi
+fi
 
 COMPILES=false
 [ "$COMPILE" = "true" ] && COMPILES=false,true
@@ -67,3 +82,26 @@ PYEOF
 for study in gpu_single dp_vs_3d; do
   [ -f "$RESULTS/$study.jsonl" ] && { echo; echo "== $study: measured / predicted"; $PY -m harness.fidelity "$RESULTS/$study.jsonl"; }
 done
+
+# 4. the single-device steps predicted on the measured profile (step 0) as well as on the cited one
+if [ -n "$MEASURED" ] && [ -f "$RESULTS/gpu_single.jsonl" ]; then
+$PY - "$RESULTS" "$MEASURED" <<'PYEOF'
+import sys
+from pathlib import Path
+from harness.config import compose_run
+from harness.costmodel import predict
+from harness.run.record import latest_by_run_id, read
+from harness.validate import validate
+print(f"\ngpu_single predicted on hardware={sys.argv[2]}: model compile | measured step s | predicted cited / measured "
+      f"profile | measured / predicted cited / measured profile")
+for r in latest_by_run_id(read(Path(sys.argv[1]) / "gpu_single.jsonl")).values():
+    if r["status"] != "ok":
+        continue
+    c = r["config"]
+    run = compose_run([f"hardware={sys.argv[2]}", "strategy=single", f"model={c['model']['name']}", "logger=none",
+                       *(f"workload.{k}={c['workload'][k]}" for k in ("precision", "global_batch_size", "micro_batch_size"))])
+    again = predict(run, validate(run))["step_time_s"]
+    m, p = r["measured"]["step_time_s"], r["predicted"]["step_time_s"]
+    print(f"  {c['model']['name']} {c['workload'].get('compile')} | {m:.4f} | {p:.4f} / {again:.4f} | {m / p:.3f} / {m / again:.3f}")
+PYEOF
+fi

@@ -142,3 +142,61 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
     pred = check_profile(path)  # composes as hardware=<name> from its folder, validates, predicts
     assert pred["hardware"] == "cpu_quick_test" and pred["step_time_s"] > 0
     assert pred["achievable_flops_per_rank"] == pytest.approx(prof["achievable_tflops"]["fp32"] * 1e12)
+
+
+GPU_TEST_MODE = {"grid": (16, 32), "rounds": 1, "window_s": 0.001, "soak_s": 0.05, "triad_mib": 4, "triad_reps": 2,
+                 "model": "tiny", "model_layers": 1, "micro_batch": 1, "seq_len": 32, "model_rounds": 1}
+
+
+def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
+    """harness/tools/calibrate_gpu.py on this CPU (device=cpu, a 2 x 2 x 2 grid, model=tiny): the soak, the
+    GEMM grid per dtype, the triad, brigade's step under torch.profiler. The profile keeps what the base
+    cites and was not measured (the network, the overlap slowdown, peak), replaces what was, and the
+    cost model reads the measured figures: the same config is predicted slower on this CPU's rates."""
+    from harness.config import as_dict, compose_run
+    from harness.tools import calibrate_gpu
+    from harness.tools.calibrate import gpu_summary, write_profile
+
+    base = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
+    prof = calibrate_gpu.calibrate(base, "h100_cpu_test", GPU_TEST_MODE, device="cpu")
+    for dtype in calibrate_gpu.DTYPES:
+        table = prof["compute"]["gemm"][dtype]
+        assert sorted(tuple(s[:3]) for s in table["shapes"]) == [(m, n, k) for m in (16, 32) for n in (16, 32) for k in (16, 32)]
+        assert 0 < min(s[3] for s in table["shapes"]) and table["max_tflops"] == max(s[3] for s in table["shapes"])
+        assert prof["achievable_tflops"][dtype] == table["max_tflops"] <= core_peak_tflops("fp32") * 2
+        # the step ran SDPA's fused kernel: its forward and backward timed apart, fractions of H100's peak
+        assert 0 < prof["compute"]["attention_efficiency"][dtype] < 0.01
+        assert 0 < prof["compute"]["attention_backward_efficiency"][dtype] < 0.01
+    assert 0.1 < prof["memory_bw_GBps"] < 500 and 0.01 < prof["compute"]["elementwise_GBps"] < 500
+    for kept in ("intra_node", "inter_node", "peak_tflops", "memory_GiB", "devices_per_node", "device"):
+        assert prof[kept] == base[kept], kept
+    assert prof["compute"]["overlap_slowdown"] == base["compute"]["overlap_slowdown"]
+    assert "calibrate_gpu.py" in prof["source"]["compute.gemm"] and prof["source"]["inter_node"] == base["source"]["inter_node"]
+    path = tmp_path / "hardware" / "h100_cpu_test.yaml"
+    write_profile(prof, path, "test")
+    pred = check_profile(path)
+    assert pred["hardware"] == "h100_cpu_test"
+    cited = check_profile_of("h100_sxm")
+    assert pred["step_time_s"] > 100 * cited["step_time_s"]  # GFLOP/s of a CPU core against an H100's TFLOP/s
+    summary = gpu_summary(prof, base, path, 1.0, pred)
+    assert "bf16 GEMM rate per shape (8 shapes)" in summary and "attention_backward_efficiency.bf16" in summary
+
+
+def check_profile_of(hardware: str) -> dict:
+    """The prediction check_profile makes (single, model=tiny), on a committed profile."""
+    from harness.config import compose_run
+    from harness.costmodel import predict
+    from harness.validate import validate
+
+    run = compose_run(["strategy=single", "model=tiny", f"hardware={hardware}"])
+    return predict(run, validate(run))
+
+
+def test_calibrating_a_gpu_profile_without_a_gpu_is_refused_with_the_reason():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: calibrate would measure it")
+    out = subprocess.run([sys.executable, "-m", "harness.calibrate", "hardware=h100_sxm"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "sees none" in out.stderr and "hardware=cpu" in out.stderr, out.stderr

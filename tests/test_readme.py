@@ -34,7 +34,8 @@ SKIP = {"make demo": "the full default study (12 min); `make demo` is run by han
         "make test": "this test suite itself", "make bench": "the benchmarks (tests/benchmarks), minutes of wall time",
         "launch/slurm/": "needs the local SLURM cluster (tests/test_slurm.py starts one and runs these)",
         "launcher=slurm": "needs the local SLURM cluster (tests/test_slurm.py)", "export SLURM_CONF": "SLURM",
-        "python3 -m venv": "installs a CUDA torch (GPU machines)"}
+        "python3 -m venv": "installs a CUDA torch (GPU machines)",
+        "harness.calibrate hardware=h100_sxm": "measures a CUDA device (tests/test_calibrate.py runs its path on this CPU)"}
 
 
 def readme_commands() -> list[tuple[str, str]]:

@@ -6,6 +6,9 @@ profile of the machine this repository's reference figures come from.
     python -m harness.calibrate hardware=cpu                  # ~1-2 minutes
     python -m harness.calibrate hardware=cpu --quick          # a few seconds: fewer sizes, 2 ranks only
     python -m harness.calibrate hardware=cpu --name my_box --output /some/dir/hardware/my_box.yaml
+    python -m harness.calibrate hardware=h100_sxm             # on a GPU: its GEMMs by shape, memory,
+                                                              # element-wise ops, attention (~2 minutes;
+                                                              # harness/tools/calibrate_gpu.py)
 
 What is measured (the methods of all_reduce_bench and mamf-finder in stas00/ml-engineering, nccl-tests
 definitions; the collectives part is harness/tools/calibrate_collectives.py):
@@ -49,7 +52,7 @@ from pathlib import Path
 
 from harness.config import CONF_DIR
 from harness.tools.calibrate_collectives import COLLECTIVES, IN_STEP, run_collectives, summarise
-from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp
+from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp, calibrate_gpu
 from harness.tools.calibrate_compute import cpu_clock, measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
@@ -231,6 +234,32 @@ def check_profile(path: Path) -> dict:
     return predict(run, validate(run))
 
 
+def gpu_summary(profile: dict, base: dict, path: Path, seconds: float, pred: dict) -> str:
+    """What a GPU calibration measured, beside what the base profile cites, shape by shape where both
+    have the shape."""
+    from harness.costmodel.compute import GemmCurve
+
+    lines = [f"wrote {path} in {seconds:.0f} s; composes as hardware={hardware_option(path)} (single model=tiny "
+             f"predicted {pred['step_time_s'] * 1e3:.2f} ms/step)", "measured | base profile (cited) | measured / cited"]
+    gemm, cited = profile["compute"]["gemm"]["bf16"], GemmCurve.of(base["compute"]["gemm"]["bf16"])
+    ratios = sorted(r / (cited.rate(m, n, k) / 1e12) for m, n, k, r in gemm["shapes"])
+    big = [r / (cited.rate(m, n, k) / 1e12) for m, n, k, r in gemm["shapes"] if min(m, n, k) >= 2048]
+    lines.append(f"  bf16 GEMM, best shape: {gemm['max_tflops']:.1f} TFLOP/s | {base['compute']['gemm']['bf16']['max_tflops']} | "
+                 f"{gemm['max_tflops'] / base['compute']['gemm']['bf16']['max_tflops']:.3f}")
+    lines.append(f"  bf16 GEMM rate per shape ({len(ratios)} shapes): median {ratios[len(ratios) // 2]:.3f}, "
+                 f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
+                 + (f"; every dimension >= 2048: median {sorted(big)[len(big) // 2]:.3f}" if big else ""))
+    lines.append(f"  memory bandwidth: {profile['memory_bw_GBps']:.0f} GB/s | {base.get('memory_bw_GBps', 0):.0f} | "
+                 f"{profile['memory_bw_GBps'] / max(base.get('memory_bw_GBps') or 1, 1):.3f}")
+    c, bc = profile["compute"], base["compute"]
+    lines.append(f"  element-wise operators: {c['elementwise_GBps']:.0f} GB/s | "
+                 f"{bc.get('elementwise_GBps') or base.get('memory_bw_GBps', 0):.0f} (memory bandwidth where not measured)")
+    for key in ("attention_efficiency", "attention_backward_efficiency"):
+        if key in c:
+            lines.append(f"  {key}.bf16: {c[key]['bf16']:.3f} | {bc.get(key, {}).get('bf16', '-')}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__.split("\n\n")[0],
@@ -246,19 +275,30 @@ def main(argv: list[str] | None = None) -> int:
     from harness.config import as_dict
 
     base = as_dict(compose_run(args.overrides))["hardware"]
-    if base["device"] != "cpu":
-        print(f"calibrate runs collectives on gloo and matmuls on this CPU; hardware={base['name']} is "
-              f"{base['device']}: calibrate a cpu profile", file=sys.stderr)
-        return 2
+    gpu = base["device"] != "cpu"
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"hardware={base['name']} is a {base['device']} profile: calibrate measures it on a CUDA device, "
+                  f"and torch {torch.__version__} here sees none (a CPU build, or no GPU). Calibrate a CPU with "
+                  f"hardware=cpu", file=sys.stderr)
+            return 2
     name = args.name or default_name(base["name"])
     path = Path(args.output) if args.output else HW_DIR / LOCAL / f"{name}.yaml"
     if path.stem != name:
         name = path.stem  # `hardware=<stem>` is how it is composed
     t0 = time.monotonic()
-    profile = calibrate(base, name, QUICK if args.quick else FULL)
+    if gpu:
+        profile = calibrate_gpu.calibrate(base, name, calibrate_gpu.QUICK if args.quick else calibrate_gpu.FULL)
+    else:
+        profile = calibrate(base, name, QUICK if args.quick else FULL)
     command = "python -m harness.calibrate " + " ".join(argv)
     write_profile(profile, path, command.strip())
     pred = check_profile(path)
+    if gpu:
+        print(gpu_summary(profile, base, path, time.monotonic() - t0, pred))
+        return 0
     ar = profile["collectives"]["all_reduce"]
     print(f"wrote {path} in {time.monotonic() - t0:.0f} s: fp32 {profile['achievable_tflops']['fp32'] * 1e3:.1f} "
           f"GFLOP/s, bf16 {profile['achievable_tflops']['bf16'] * 1e3:.2f} GFLOP/s per device; all_reduce "

@@ -24,7 +24,11 @@ from torch.utils._pytree import tree_flatten
 GEMM = frozenset({"mm", "addmm", "bmm"})
 ATTENTION_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
 ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
-ATTENTION = frozenset({ATTENTION_FORWARD, ATTENTION_BACKWARD})
+# the fused kernels SDPA picks on a GPU (FlashAttention, memory-efficient, cuDNN), and the CPU's
+ATTENTION_FORWARD_OPS = frozenset({ATTENTION_FORWARD, "_scaled_dot_product_flash_attention",
+                                   "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
+ATTENTION_BACKWARD_OPS = frozenset(f"{name}_backward" for name in ATTENTION_FORWARD_OPS)
+ATTENTION = ATTENTION_FORWARD_OPS | ATTENTION_BACKWARD_OPS
 VIEWS = frozenset({"view", "_unsafe_view", "expand", "as_strided", "transpose", "permute", "unsqueeze", "slice",
                    "select", "t", "detach", "alias", "split", "split_with_sizes", "squeeze", "unbind", "reshape"})
 KINDS = ("gemm", "attention", "view", "elementwise")

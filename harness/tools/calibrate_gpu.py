@@ -1,0 +1,270 @@
+"""The GPU side of `python -m harness.calibrate hardware=<a GPU profile>` (a100_80g, h100_sxm, h200, ...):
+measure one CUDA device and write a profile that keeps the base profile's datasheet figures (peak,
+memory size, the network) and replaces the figures the cost model takes from measurement.
+
+Measured on cuda:0, every time from CUDA events around calls issued back to back (a training step
+keeps the device's queue full; a synchronised call would time the launch, not the kernel):
+  - soak: the largest GEMM of the grid back to back for `soak_s` seconds first, so that the sweep meets
+    the clock the board holds under a training step's power draw, not the boost of a cold device (the
+    rate in the first window and over the last quarter go into the profile's source);
+  - the GEMM rate by shape, per dtype (bf16, fp16): a dot (M x K) @ (K x N) of random operands for every
+    M, N, K in the grid (256 ... 8192: the grid of the cited sm_90 table, conf/hardware/h100_sxm.yaml,
+    and 8192, so the two compare shape by shape), 2MNK FLOP; the shapes take turns for `rounds`
+    rounds of `window_s` each and a shape's rate is the median over its rounds
+    -> compute.gemm.<dtype> = {max_tflops, shapes: [[M, N, K, TFLOP/s], ...]}, which
+    harness/costmodel/compute.py reads as it reads the cited table;
+  - memory bandwidth: STREAM triad a = b + s*c over 3 arrays of `triad_mib` MiB -> memory_bw_GBps;
+  - brigade's own step (MODEL with MODEL_LAYERS blocks, micro-batch MICRO_BATCH, under the dtype's
+    autocast as brigade's mixed-precision runs use it): forward, the loss and backward under
+    torch.profiler, each aten operator's own kernel time, sorted by harness/tools/op_profile.py's kinds;
+    the element-wise operators' bytes from OpProfile over the same step
+    -> compute.elementwise_GBps (bytes / kernel seconds), compute.attention_efficiency.<dtype> and
+    compute.attention_backward_efficiency.<dtype> (the fused kernel's counted FLOPs, compute.py's causal
+    half and 2.5 forwards for the backward, over its forward's and backward's kernel time, as a fraction
+    of the profile's peak).
+Not measured here (kept from the base profile, said so in the source): the collectives, the network,
+the dispatch costs (0 on a GPU profile: kernels launch asynchronously) and compute.overlap_slowdown.
+`device` is a parameter so that the same code runs on a CPU in the tests (tests/test_calibrate.py).
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+
+GRID = (256, 512, 1024, 2048, 4096, 8192)
+DTYPES = ("bf16", "fp16")
+MODEL, MODEL_LAYERS, MICRO_BATCH = "gpt_1_3b", 4, 4  # the GPU check's model (scripts/gpu_check.sh), 4 of its 24 blocks
+FULL = {"grid": GRID, "rounds": 3, "window_s": 0.05, "soak_s": 20.0, "triad_mib": 1024, "triad_reps": 7,
+        "model": MODEL, "model_layers": MODEL_LAYERS, "micro_batch": MICRO_BATCH, "seq_len": None, "model_rounds": 3}
+QUICK = {"grid": (256, 1024, 4096), "rounds": 1, "window_s": 0.02, "soak_s": 2.0, "triad_mib": 256, "triad_reps": 3,
+         "model": MODEL, "model_layers": 2, "micro_batch": 2, "seq_len": None, "model_rounds": 1}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_for(fn, window_s: float, device) -> tuple[int, float]:
+    """(calls, seconds) of fn called back to back for about window_s: on a GPU the seconds between two
+    CUDA events around the calls, on a CPU the wall clock."""
+    import torch
+
+    fn()  # a shape's first call picks its kernel and workspace: time the second
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    calls = max(1, min(100_000, int(window_s / max(time.perf_counter() - t0, 1e-7))))
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return calls, start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return calls, time.perf_counter() - t0
+
+
+def sm_clock_mhz(device):
+    """The SM clock NVML reports for a CUDA device now, or None (no NVML, or a CPU)."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        return pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+    except Exception:  # nvidia-ml-py absent or NVML unavailable: the clock is only reported, never used
+        return None
+
+
+def soak(dtype, n: int, seconds: float, device) -> tuple[float, float, list]:
+    """(TFLOP/s in the first window, median over the last quarter, [SM clock MHz after the first window,
+    at the end]) of an n^3 GEMM run back to back."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    rates, clocks, t0 = [], [], time.perf_counter()
+    while time.perf_counter() - t0 < seconds or len(rates) < 2:
+        calls, s = run_for(lambda: a @ b, min(0.25, seconds / 4), device)
+        rates.append(2 * n**3 * calls / s / 1e12)
+        if len(rates) == 1:
+            clocks.append(sm_clock_mhz(device))
+    clocks.append(sm_clock_mhz(device))
+    return rates[0], statistics.median(rates[-max(1, len(rates) // 4):]), clocks
+
+
+def gemm_grid(dtype, grid, rounds: int, window_s: float, device) -> dict:
+    """{max_tflops, shapes: [[M, N, K, TFLOP/s], ...]}: every (M, N, K) of the grid, rounds interleaved."""
+    import torch
+
+    lhs, rhs = {}, {}  # operands shared by the shapes that have their dimensions
+
+    def operand(cache, rows, cols):
+        if (rows, cols) not in cache:
+            cache[(rows, cols)] = torch.randn(rows, cols, dtype=dtype, device=device)
+        return cache[(rows, cols)]
+
+    shapes = list(itertools.product(grid, grid, grid))
+    rates = {s: [] for s in shapes}
+    for _ in range(rounds):
+        for m, n, k in shapes:
+            a, b = operand(lhs, m, k), operand(rhs, k, n)
+            calls, s = run_for(lambda: a @ b, window_s, device)
+            rates[(m, n, k)].append(2 * m * n * k * calls / s)
+    table = [[m, n, k, _sig(statistics.median(rates[(m, n, k)]) / 1e12)] for m, n, k in shapes]
+    return {"max_tflops": max(row[3] for row in table), "shapes": table}
+
+
+def triad_GBps(mib: int, reps: int, device) -> float:
+    """STREAM triad a = b + s*c over 3 fp32 arrays of `mib` MiB: the median GB/s over reps."""
+    import torch
+
+    n = mib * 2**20 // 4
+    a, b, c = (torch.empty(n, device=device), torch.rand(n, device=device), torch.rand(n, device=device))
+    rates = []
+    for _ in range(reps):
+        calls, s = run_for(lambda: torch.add(b, c, alpha=3.0, out=a), 0.05, device)
+        rates.append(3 * 4 * n * calls / s / 1e9)
+    return statistics.median(rates)
+
+
+def model_ops(dtype, peak_tflops: float, mode: dict, device) -> dict:
+    """{elementwise_GBps, attention_efficiency, attention_backward_efficiency} of brigade's own step
+    (module docstring); the attention keys only where the step ran a fused attention kernel."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from harness.config import compose_run
+    from harness.costmodel.inputs import Model
+    from harness.tools.op_profile import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, OpProfile, kind_of
+    from models.gpt import build_model
+    from models.loss import cross_entropy
+
+    overrides = [f"model={mode['model']}", f"model.n_layers={mode['model_layers']}"]
+    if mode["seq_len"]:
+        overrides.append(f"model.seq_len={mode['seq_len']}")
+    cfg = compose_run(overrides).model
+    model = build_model(cfg, seed=0).to(device)
+    tokens = torch.randint(0, cfg.vocab_size, (mode["micro_batch"], cfg.seq_len),
+                           generator=torch.Generator().manual_seed(0)).to(device)
+
+    def step():
+        with torch.autocast(device.type, dtype=dtype):
+            logits = model(tokens)
+        cross_entropy(logits, tokens).backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # the first step allocates and picks kernels
+    _sync(device)
+    with OpProfile() as ops:  # bytes moved, op by op (untimed: the mode's own Python would be timed)
+        step()
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    core_forward = mode["micro_batch"] * cfg.seq_len * Model.of(cfg).core_flops * cfg.n_layers
+    flops, peak = 0.5 * core_forward, peak_tflops * 1e12  # the causal half of the core's forward (compute.py)
+    elementwise, forward, backward = [], [], []
+    for _ in range(mode["model_rounds"]):
+        with profile(activities=activities) as prof:
+            step()
+            _sync(device)
+        seconds = {"elementwise": 0.0, "forward": 0.0, "backward": 0.0}
+        for ev in prof.key_averages():
+            # kernel time on a GPU (named self_cuda_time_total before torch 2.4), CPU time on a CPU
+            own_us = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0.0)
+                      if cuda else ev.self_cpu_time_total)
+            name = ev.key.split("::")[-1]
+            if name in ATTENTION_FORWARD_OPS:
+                seconds["forward"] += own_us * 1e-6
+            elif name in ATTENTION_BACKWARD_OPS:
+                seconds["backward"] += own_us * 1e-6
+            elif kind_of(name) == "elementwise" and ev.key.startswith("aten::"):
+                seconds["elementwise"] += own_us * 1e-6
+        elementwise.append(ops.bytes["elementwise"] / max(seconds["elementwise"], 1e-9) / 1e9)
+        if seconds["forward"] and seconds["backward"]:
+            forward.append(flops / seconds["forward"] / peak)
+            backward.append(2.5 * flops / seconds["backward"] / peak)
+    out = {"elementwise_GBps": _sig(statistics.median(elementwise))}
+    if forward:
+        out["attention_efficiency"] = _sig(statistics.median(forward))
+        out["attention_backward_efficiency"] = _sig(statistics.median(backward))
+    return out
+
+
+def _sig(x: float) -> float:
+    """Four significant figures (a CPU in the tests measures TFLOP/s of 1e-3)."""
+    return float(f"{x:.4g}")
+
+
+def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", console=None) -> dict:
+    """The measured profile (a plain dict in the HardwareConfig schema): the base profile with the
+    measured figures in place of its own."""
+    import copy
+    import platform
+
+    import torch
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    dev = torch.device(device)
+    label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    peak = dict(base_hw["peak_tflops"])
+    prof = copy.deepcopy(dict(base_hw))
+    compute, source = dict(prof.get("compute") or {}), dict(prof.get("source") or {})
+    gemm, attn_f, attn_b = dict(compute.get("gemm") or {}), {}, {}
+    big = max(mode["grid"])
+    console.print(f"soak: {big}^3 bf16 back to back for {mode['soak_s']:.0f} s on {label}")
+    first, held, clocks = soak(dtypes["bf16"], big, mode["soak_s"], dev)
+    console.print(f"soak: {first:.1f} TFLOP/s in the first window, {held:.1f} held; SM clock {clocks[0]} -> {clocks[1]} MHz")
+    for d in DTYPES:
+        console.print(f"GEMM grid {d}: {len(mode['grid']) ** 3} shapes x {mode['rounds']} rounds")
+        gemm[d] = gemm_grid(dtypes[d], mode["grid"], mode["rounds"], mode["window_s"], dev)
+    console.print("memory bandwidth (triad)")
+    mem_bw = triad_GBps(mode["triad_mib"], mode["triad_reps"], dev)
+    console.print(f"element-wise operators and attention (model={mode['model']}, {mode['model_layers']} blocks)")
+    ops = model_ops(dtypes["bf16"], peak["bf16"], mode, dev)
+    for d in DTYPES:  # the step ran under bf16; fp16 runs the same kernels at the same rate on these parts
+        if "attention_efficiency" in ops:
+            attn_f[d], attn_b[d] = ops["attention_efficiency"], ops["attention_backward_efficiency"]
+    compute.update({"gemm": gemm, "elementwise_GBps": ops["elementwise_GBps"]})
+    if attn_f:
+        compute.update({"attention_efficiency": attn_f, "attention_backward_efficiency": attn_b})
+    when = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    sweep = (f"{len(mode['grid']) ** 3} shapes, M, N, K in {list(mode['grid'])}, a dot (M x K) @ (K x N) of random "
+             f"operands, CUDA events around calls back to back, median of {mode['rounds']} interleaved rounds of "
+             f"{mode['window_s']} s, after a soak of {big}^3 bf16 for {mode['soak_s']:.0f} s: {first:.1f} TFLOP/s in "
+             f"its first window, {held:.1f} over its last quarter"
+             + (f", SM clock {clocks[0]} then {clocks[1]} MHz (NVML)" if None not in clocks else "")
+             + " (harness/tools/calibrate_gpu.py)")
+    source.update({
+        "calibrated": f"python -m harness.calibrate hardware={base_hw['name']}{' --quick' if mode is QUICK else ''} "
+                      f"on {platform.node()} ({label}, torch {torch.__version__}) at {when}; collectives, network, "
+                      f"compute.overlap_slowdown and peak from hardware={base_hw['name']}",
+        "compute.gemm": sweep,
+        "memory_bw_GBps": f"median STREAM triad of {mode['triad_reps']} over 3 x {mode['triad_mib']} MiB fp32 on {label}",
+        "compute.elementwise_GBps": (f"model={mode['model']} with {mode['model_layers']} blocks, micro-batch "
+                                     f"{mode['micro_batch']}, bf16 autocast, forward + loss + backward: the element-wise "
+                                     f"operators' bytes (OpProfile) over their own kernel time (torch.profiler), median "
+                                     f"of {mode['model_rounds']} steps"),
+    })
+    if attn_f:
+        source["compute.attention_efficiency"] = ("the fused SDPA kernel's forward FLOPs as compute.py counts them (the "
+                                                  "causal half) over its own kernel time, fraction of bf16 peak, in the "
+                                                  "same steps; fp16 taken as bf16")
+        source["compute.attention_backward_efficiency"] = "the same for its backward (2.5 forwards of FLOPs)"
+    achievable = dict(prof.get("achievable_tflops") or {})
+    achievable.update({d: gemm[d]["max_tflops"] for d in DTYPES})
+    source["achievable_tflops"] = "bf16 / fp16: the GEMM sweep's fastest shape; fp32 from the base profile"
+    prof.update({"name": name, "achievable_tflops": achievable, "memory_bw_GBps": _sig(mem_bw),
+                 "compute": compute, "source": source})
+    return prof

@@ -200,3 +200,37 @@ def test_calibrating_a_gpu_profile_without_a_gpu_is_refused_with_the_reason():
     out = subprocess.run([sys.executable, "-m", "harness.calibrate", "hardware=h100_sxm"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "sees none" in out.stderr and "hardware=cpu" in out.stderr, out.stderr
+
+
+def _overlap_rank(rank: int, store: str, out: str) -> None:
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.tools.calibrate_collectives import _overlap
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        res = _overlap(torch, torch.device("cpu"), 2)
+        if rank == 0:
+            Path(out).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_compute_beside_collectives_is_measured_on_every_rank(tmp_path):
+    """The worker's overlap measurement (on GPUs: compute.overlap_slowdown) runs its whole path here on
+    gloo: all-gathers queued asynchronously, the GEMM loop timed beside them and alone, rounds
+    interleaved, the ranks' medians averaged."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "overlap.json"
+    mp.spawn(_overlap_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    res = json.loads(out.read_text())
+    assert res["rounds"] == 3 and res["gemm"] == [256, 256, 256] and res["gather_bytes"] == 2**16 * 4
+    # two processes on two cores, gloo's thread beside the GEMMs: slower or about the same, never 20x
+    assert -0.5 < res["slowdown"] < 20, res

@@ -1,7 +1,14 @@
 """Collective bus bandwidth and latency on this machine (part of `python -m harness.calibrate`):
 the worker that torchrun starts on every rank (`python -m harness.tools.calibrate_collectives OUT
-SIZES BUDGET PROGRESS`), and the parent side that launches it and fits t(S) = alpha + factor * S / B
+SIZES BUDGET PROGRESS [BACKEND]`), and the parent side that launches it and fits t(S) = alpha + factor * S / B
 (see harness/tools/calibrate.py for what is measured and why).
+
+On GPUs (BACKEND nccl, one rank per GPU, harness/tools/calibrate_gpu.py) the buffers live on each rank's
+device and a call's time runs until the device has finished it; tensor parallelism's IN_STEP figures
+are a CPU's (DTensor's host work between GEMMs on one core) and are not measured there. Instead the
+worker measures what compute loses to a collective running beside it (`_overlap`): a GEMM loop timed
+alone and again while all-gathers run on NCCL's stream, each rank, rounds interleaved
+-> compute.overlap_slowdown, the figure harness/costmodel/estimate.py charges overlapped compute.
 """
 from __future__ import annotations
 
@@ -41,25 +48,26 @@ def _elems(coll: str, size: int, n: int) -> int:
     return max(n, elems // n * n) if coll in ("all_gather", "reduce_scatter", "all_to_all") else elems
 
 
-def _buffers(coll: str, size: int, n: int, torch):
+def _buffers(coll: str, size: int, n: int, torch, device=None):
     """(callable, bytes as nccl-tests counts them) for one message size."""
     import torch.distributed as dist
 
     elems = _elems(coll, size, n)
     rank = dist.get_rank()
+    ones, empty = (lambda k: torch.ones(k, device=device)), (lambda k: torch.empty(k, device=device))
     if coll == "all_reduce":
-        x = torch.ones(elems)
+        x = ones(elems)
         return (lambda: dist.all_reduce(x)), 4 * elems
     if coll == "all_gather":  # S = the gathered output
-        out, inp = torch.empty(elems), torch.ones(elems // n)
+        out, inp = empty(elems), ones(elems // n)
         return (lambda: dist.all_gather_into_tensor(out, inp)), 4 * elems
     if coll == "reduce_scatter":  # S = the input
-        out, inp = torch.empty(elems // n), torch.ones(elems)
+        out, inp = empty(elems // n), ones(elems)
         return (lambda: dist.reduce_scatter_tensor(out, inp)), 4 * elems
     if coll == "all_to_all":  # S = one rank's buffer
-        out, inp = torch.empty(elems), torch.ones(elems)
+        out, inp = empty(elems), ones(elems)
         return (lambda: dist.all_to_all_single(out, inp)), 4 * elems
-    send, recv = torch.ones(elems), torch.empty(elems)
+    send, recv = ones(elems), empty(elems)
 
     def ring():
         reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n),
@@ -69,31 +77,36 @@ def _buffers(coll: str, size: int, n: int, torch):
     return ring, 4 * elems
 
 
-def _slowest(t: float, torch) -> float:
+def _slowest(t: float, torch, device=None, op: str = "MAX") -> float:
     import torch.distributed as dist
 
-    x = torch.tensor([t], dtype=torch.float64)
-    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    x = torch.tensor([t], dtype=torch.float64, device=device)
+    dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
     return float(x.item())
 
 
-def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str) -> None:
+def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str, backend: str = "gloo") -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device = None
+    if backend == "nccl":  # one rank per GPU
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     results: dict = {}
     done, total = 0, len(COLLECTIVES) * len(sizes)
     for coll in COLLECTIVES:
         for size in sizes:
-            fn, nbytes = _buffers(coll, size, n, torch)
+            call, nbytes = _buffers(coll, size, n, torch, device)
+            fn = call if device is None else (lambda call=call: (call(), torch.cuda.synchronize(device)))
             fn()  # warm-up (connection set-up, allocation)
             dist.barrier()
             t0 = time.perf_counter()
             fn()
-            first = _slowest(time.perf_counter() - t0, torch)
+            first = _slowest(time.perf_counter() - t0, torch, device)
             iters = int(min(50, max(2, budget_s / max(first, 1e-6))))  # the same count on every rank
             dist.barrier()
             times = []
@@ -102,15 +115,19 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str)
                 fn()
                 times.append(time.perf_counter() - t0)
             # the median, not the mean: on a shared machine one preempted iteration would set the mean
-            t = _slowest(statistics.median(times), torch)
+            t = _slowest(statistics.median(times), torch, device)
             results.setdefault(coll, []).append({"bytes": nbytes, "time_s": t, "iters": iters})
             done += 1
             if rank == 0:
                 Path(progress_path).write_text(f"{done} {total}")
-    for coll, name in IN_STEP.items():
-        results[name] = [_in_step(coll, size, n, budget_s, torch) for size in sizes]
+    overlap = None
+    if device is None:
+        for coll, name in IN_STEP.items():
+            results[name] = [_in_step(coll, size, n, budget_s, torch) for size in sizes]
+    else:
+        overlap = _overlap(torch, device, n)
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"world_size": n, "results": results}))
+        Path(out_path).write_text(json.dumps({"world_size": n, "results": results, "overlap": overlap}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -160,6 +177,65 @@ def _in_step(coll: str, size: int, n: int, budget_s: float, torch) -> dict:
     return {"bytes": 4 * elems, "time_s": max(float(added.item()) / n, 1e-6), "iters": 4 * per_round}
 
 
+OVERLAP_GEMM, OVERLAP_GATHER_BYTES, OVERLAP_ROUNDS = 8192, 256 * 2**20, 3
+
+
+def _overlap(torch, device, n: int) -> dict:
+    """How much slower a GEMM loop runs while all-gathers run beside it (module docstring): per rank and
+    round, (the loop's time with the collectives) / (its time alone) - 1; the median over the rounds,
+    averaged over the ranks. The loop lasts about 0.2 s and enough all-gathers of OVERLAP_GATHER_BYTES
+    are queued first to outlast it. On a GPU the GEMMs are bf16 and timed by CUDA events on their stream."""
+    import torch.distributed as dist
+
+    from harness.tools.calibrate_gpu import run_for
+
+    cuda = device is not None and device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    m = OVERLAP_GEMM if cuda else 256
+    a, b = torch.randn(m, m, dtype=dtype, device=device), torch.randn(m, m, dtype=dtype, device=device)
+    elems = max(n, OVERLAP_GATHER_BYTES // 2 // n * n) if cuda else 2**16 // n * n
+    out, inp = torch.empty(elems, dtype=dtype, device=device), torch.ones(elems // n, dtype=dtype, device=device)
+    where = device or torch.device("cpu")
+    calls, alone = run_for(lambda: a @ b, 0.2, where)  # also the loop's length for every round
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_gather_into_tensor(out, inp)
+    if cuda:
+        torch.cuda.synchronize(device)
+    gather_s = _slowest(time.perf_counter() - t0, torch, device)
+    queued = int(alone / max(gather_s, 1e-6)) + 2
+    slow = []
+    for _ in range(OVERLAP_ROUNDS):
+        dist.barrier()
+        works = [dist.all_gather_into_tensor(out, inp, async_op=True) for _ in range(queued)]
+        _, with_comm = _timed_calls(lambda: a @ b, calls, where, torch)
+        for w in works:
+            w.wait()
+        if cuda:
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        _, alone = _timed_calls(lambda: a @ b, calls, where, torch)
+        slow.append(with_comm / alone - 1.0)
+    mean = _slowest(statistics.median(slow), torch, device, op="SUM") / n
+    return {"slowdown": mean, "gemm": [m, m, m], "gather_bytes": 2 * elems if cuda else 4 * elems, "rounds": OVERLAP_ROUNDS}
+
+
+def _timed_calls(fn, calls: int, device, torch) -> tuple[int, float]:
+    """(calls, seconds) of exactly `calls` calls of fn back to back (CUDA events on a GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return calls, start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return calls, time.perf_counter() - t0
+
+
 # -- the parent ---------------------------------------------------------------------------------
 
 def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -188,14 +264,15 @@ def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     return alpha, min(1.0 / beta, fastest) if beta > 0 else fastest
 
 
-def run_collectives(n: int, sizes, budget_s: float, on_poll) -> dict:
+def run_collectives(n: int, sizes, budget_s: float, on_poll, backend: str = "gloo") -> dict:
     """Start the worker on n ranks with torchrun; return its results."""
     with tempfile.TemporaryDirectory(prefix="brigade-calibrate-") as tmp:
         out, progress = Path(tmp) / "out.json", Path(tmp) / "progress"
         env = {**os.environ, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                "-m", "harness.tools.calibrate_collectives", str(out), ",".join(map(str, sizes)), str(budget_s), str(progress)]
+                "-m", "harness.tools.calibrate_collectives", str(out), ",".join(map(str, sizes)), str(budget_s), str(progress),
+                backend]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                 start_new_session=True)
         t0 = time.monotonic()
@@ -224,4 +301,5 @@ def summarise(coll: str, n: int, rows: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1], [int(x) for x in sys.argv[2].split(",")], float(sys.argv[3]), sys.argv[4])
+    worker(sys.argv[1], [int(x) for x in sys.argv[2].split(",")], float(sys.argv[3]), sys.argv[4],
+           sys.argv[5] if len(sys.argv) > 5 else "gloo")

@@ -22,8 +22,13 @@ keeps the device's queue full; a synchronised call would time the launch, not th
     compute.attention_backward_efficiency.<dtype> (the fused kernel's counted FLOPs, compute.py's causal
     half and 2.5 forwards for the backward, over its forward's and backward's kernel time, as a fraction
     of the profile's peak).
-Not measured here (kept from the base profile, said so in the source): the collectives, the network,
-the dispatch costs (0 on a GPU profile: kernels launch asynchronously) and compute.overlap_slowdown.
+With two or more GPUs visible, also (harness/tools/calibrate_collectives.py, NCCL, one rank per GPU, at
+2 ranks and at all of them): the collectives by message size (nccl-tests' bus bandwidth, the α-β fit)
+-> collectives.<name>."<ranks>" and intra_node's bandwidth and start-up (the all-reduce over every GPU:
+this node's NVLink), and the GEMMs' slowdown beside running all-gathers -> compute.overlap_slowdown.
+Not measured here (kept from the base profile, said so in the source): the network between nodes, the
+per-step ring and tree latencies, and the dispatch costs (0 on a GPU profile: kernels launch asynchronously);
+with one GPU also the collectives and compute.overlap_slowdown.
 `device` is a parameter so that the same code runs on a CPU in the tests (tests/test_calibrate.py).
 """
 from __future__ import annotations
@@ -33,12 +38,15 @@ import statistics
 import time
 
 GRID = (256, 512, 1024, 2048, 4096, 8192)
+NCCL_SIZES, QUICK_NCCL_SIZES = (4, 4096, 262144, 4 * 2**20, 64 * 2**20, 256 * 2**20), (4, 2**20, 64 * 2**20)
 DTYPES = ("bf16", "fp16")
 MODEL, MODEL_LAYERS, MICRO_BATCH = "gpt_1_3b", 4, 4  # the GPU check's model (scripts/gpu_check.sh), 4 of its 24 blocks
 FULL = {"grid": GRID, "rounds": 3, "window_s": 0.05, "soak_s": 20.0, "triad_mib": 1024, "triad_reps": 7,
-        "model": MODEL, "model_layers": MODEL_LAYERS, "micro_batch": MICRO_BATCH, "seq_len": None, "model_rounds": 3}
+        "model": MODEL, "model_layers": MODEL_LAYERS, "micro_batch": MICRO_BATCH, "seq_len": None, "model_rounds": 3,
+        "nccl_sizes": NCCL_SIZES, "nccl_budget_s": 0.25}
 QUICK = {"grid": (256, 1024, 4096), "rounds": 1, "window_s": 0.02, "soak_s": 2.0, "triad_mib": 256, "triad_reps": 3,
-         "model": MODEL, "model_layers": 2, "micro_batch": 2, "seq_len": None, "model_rounds": 1}
+         "model": MODEL, "model_layers": 2, "micro_batch": 2, "seq_len": None, "model_rounds": 1,
+         "nccl_sizes": QUICK_NCCL_SIZES, "nccl_budget_s": 0.05}
 
 
 def _sync(device) -> None:
@@ -205,6 +213,22 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
+def nccl_figures(gpus: int, mode: dict) -> tuple[dict, dict, dict]:
+    """(collectives by name and rank count, intra_node's {bus_bw_GBps, latency_us} from the all-reduce over
+    every GPU, the overlap measurement at every GPU) from NCCL runs at 2 and at `gpus` ranks."""
+    from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
+
+    collectives: dict = {name: {} for name in COLLECTIVES}
+    overlap = None
+    for n in sorted({2, gpus}):
+        res = run_collectives(n, mode["nccl_sizes"], mode["nccl_budget_s"], lambda done, total: None, backend="nccl")
+        for coll, rows in res["results"].items():
+            collectives[coll][str(n)] = summarise(coll, n, rows)
+        overlap = res["overlap"]  # the last: every GPU at once, as a training step's collectives run
+    whole = collectives["all_reduce"][str(gpus)]
+    return collectives, {"bus_bw_GBps": whole["bus_bw_GBps"], "latency_us": whole["latency_us"]}, overlap
+
+
 def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", console=None) -> dict:
     """The measured profile (a plain dict in the HardwareConfig schema): the base profile with the
     measured figures in place of its own."""
@@ -237,6 +261,19 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
         if "attention_efficiency" in ops:
             attn_f[d], attn_b[d] = ops["attention_efficiency"], ops["attention_backward_efficiency"]
     compute.update({"gemm": gemm, "elementwise_GBps": ops["elementwise_GBps"]})
+    gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
+    if gpus >= 2:
+        console.print(f"collectives and compute beside them: NCCL at {sorted({2, gpus})} ranks")
+        prof["collectives"], link, overlap = nccl_figures(gpus, mode)
+        prof["intra_node"] = {**dict(prof["intra_node"]), **link}
+        compute["overlap_slowdown"] = _sig(max(overlap["slowdown"], 0.0))
+        source["collectives"] = (f"NCCL via torchrun, one rank per GPU, nccl-tests busbw; α-β fit t = α + factor*S/B per "
+                                 f"collective and group size; sizes in bytes (harness/tools/calibrate_collectives.py)")
+        source["intra_node"] = f"bus_bw_GBps and latency_us: all_reduce over the {gpus} GPUs (fit); hop latencies from hardware={base_hw['name']}"
+        source["compute.overlap_slowdown"] = (
+            f"measured: {overlap['gemm'][0]}^3 bf16 GEMMs back to back for ~0.2 s, timed alone and while all-gathers "
+            f"of {overlap['gather_bytes'] / 2**20:.0f} MiB run on NCCL's stream across the {gpus} GPUs, (with / alone) "
+            f"- 1, median of {overlap['rounds']} rounds, mean over the ranks: {overlap['slowdown']:.3f}")
     if attn_f:
         compute.update({"attention_efficiency": attn_f, "attention_backward_efficiency": attn_b})
     when = time.strftime("%Y-%m-%d %H:%M:%S %z")
@@ -248,8 +285,9 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
              + " (harness/tools/calibrate_gpu.py)")
     source.update({
         "calibrated": f"python -m harness.calibrate hardware={base_hw['name']}{' --quick' if mode is QUICK else ''} "
-                      f"on {platform.node()} ({label}, torch {torch.__version__}) at {when}; collectives, network, "
-                      f"compute.overlap_slowdown and peak from hardware={base_hw['name']}",
+                      f"on {platform.node()} ({label}, torch {torch.__version__}) at {when}; the network between nodes "
+                      f"and peak from hardware={base_hw['name']}"
+                      + ("" if gpus >= 2 else "; with one GPU also the collectives and compute.overlap_slowdown"),
         "compute.gemm": sweep,
         "memory_bw_GBps": f"median STREAM triad of {mode['triad_reps']} over 3 x {mode['triad_mib']} MiB fp32 on {label}",
         "compute.elementwise_GBps": (f"model={mode['model']} with {mode['model_layers']} blocks, micro-batch "

@@ -16,7 +16,8 @@ keeps the device's queue full; a synchronised call would time the launch, not th
   - memory bandwidth: STREAM triad a = b + s*c over 3 arrays of `triad_mib` MiB -> memory_bw_GBps;
   - brigade's own step (MODEL with MODEL_LAYERS blocks, micro-batch MICRO_BATCH, under the dtype's
     autocast as brigade's mixed-precision runs use it): forward, the loss and backward under
-    torch.profiler, each aten operator's own kernel time, sorted by harness/tools/op_profile.py's kinds;
+    torch.profiler, each aten operator's own kernel time (its self time: an operator's kernels counted
+    once, by the operator that launched them), sorted by harness/tools/op_profile.py's kinds;
     the element-wise operators' bytes from OpProfile over the same step
     -> compute.elementwise_GBps (bytes / kernel seconds), compute.attention_efficiency.<dtype> and
     compute.attention_backward_efficiency.<dtype> (the fused kernel's counted FLOPs, compute.py's causal
@@ -167,9 +168,9 @@ def model_ops(dtype, peak_tflops: float, mode: dict, device) -> dict:
                            generator=torch.Generator().manual_seed(0)).to(device)
 
     def step():
-        with torch.autocast(device.type, dtype=dtype):
-            logits = model(tokens)
-        cross_entropy(logits, tokens).backward()
+        with torch.autocast(device.type, dtype=dtype):  # as brigade's forward_loss (strategies/base.py)
+            loss = cross_entropy(model(tokens), tokens)
+        loss.backward()
         model.zero_grad(set_to_none=True)
 
     step()  # the first step allocates and picks kernels

@@ -187,7 +187,7 @@ def _overlap(torch, device, n: int) -> dict:
     are queued first to outlast it. On a GPU the GEMMs are bf16 and timed by CUDA events on their stream."""
     import torch.distributed as dist
 
-    from harness.tools.calibrate_gpu import run_for
+    from harness.tools.calibrate_gpu import run_for, timed_calls
 
     cuda = device is not None and device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -203,37 +203,22 @@ def _overlap(torch, device, n: int) -> dict:
     if cuda:
         torch.cuda.synchronize(device)
     gather_s = _slowest(time.perf_counter() - t0, torch, device)
-    queued = int(alone / max(gather_s, 1e-6)) + 2
+    # the same count on every rank (a collective every rank does not join never completes)
+    queued = int(_slowest(alone, torch, device) / max(gather_s, 1e-6)) + 2
     slow = []
     for _ in range(OVERLAP_ROUNDS):
         dist.barrier()
         works = [dist.all_gather_into_tensor(out, inp, async_op=True) for _ in range(queued)]
-        _, with_comm = _timed_calls(lambda: a @ b, calls, where, torch)
+        _, with_comm = timed_calls(lambda: a @ b, calls, where)
         for w in works:
             w.wait()
         if cuda:
             torch.cuda.synchronize(device)
         dist.barrier()
-        _, alone = _timed_calls(lambda: a @ b, calls, where, torch)
+        _, alone = timed_calls(lambda: a @ b, calls, where)
         slow.append(with_comm / alone - 1.0)
     mean = _slowest(statistics.median(slow), torch, device, op="SUM") / n
     return {"slowdown": mean, "gemm": [m, m, m], "gather_bytes": 2 * elems if cuda else 4 * elems, "rounds": OVERLAP_ROUNDS}
-
-
-def _timed_calls(fn, calls: int, device, torch) -> tuple[int, float]:
-    """(calls, seconds) of exactly `calls` calls of fn back to back (CUDA events on a GPU)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        return calls, start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return calls, time.perf_counter() - t0
 
 
 # -- the parent ---------------------------------------------------------------------------------

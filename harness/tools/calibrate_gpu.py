@@ -60,14 +60,18 @@ def _sync(device) -> None:
 def run_for(fn, window_s: float, device) -> tuple[int, float]:
     """(calls, seconds) of fn called back to back for about window_s: on a GPU the seconds between two
     CUDA events around the calls, on a CPU the wall clock."""
-    import torch
-
     fn()  # a shape's first call picks its kernel and workspace: time the second
     _sync(device)
     t0 = time.perf_counter()
     fn()
     _sync(device)
-    calls = max(1, min(100_000, int(window_s / max(time.perf_counter() - t0, 1e-7))))
+    return timed_calls(fn, max(1, min(100_000, int(window_s / max(time.perf_counter() - t0, 1e-7)))), device)
+
+
+def timed_calls(fn, calls: int, device) -> tuple[int, float]:
+    """(calls, seconds) of exactly `calls` calls of fn back to back (CUDA events on a GPU)."""
+    import torch
+
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -155,7 +155,7 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     cost model reads the measured figures: the same config is predicted slower on this CPU's rates."""
     from harness.config import as_dict, compose_run
     from harness.tools import calibrate_gpu
-    from harness.tools.calibrate import gpu_summary, write_profile
+    from harness.tools.calibrate import write_profile
 
     base = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
     prof = calibrate_gpu.calibrate(base, "h100_cpu_test", GPU_TEST_MODE, device="cpu")
@@ -178,7 +178,7 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     assert pred["hardware"] == "h100_cpu_test"
     cited = check_profile_of("h100_sxm")
     assert pred["step_time_s"] > 100 * cited["step_time_s"]  # GFLOP/s of a CPU core against an H100's TFLOP/s
-    summary = gpu_summary(prof, base, path, 1.0, pred)
+    summary = calibrate_gpu.summary(prof, base, f"wrote {path}", pred)
     assert "bf16 GEMM rate per shape (8 shapes)" in summary and "attention_backward_efficiency.bf16" in summary
 
 

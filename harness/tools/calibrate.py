@@ -234,32 +234,6 @@ def check_profile(path: Path) -> dict:
     return predict(run, validate(run))
 
 
-def gpu_summary(profile: dict, base: dict, path: Path, seconds: float, pred: dict) -> str:
-    """What a GPU calibration measured, beside what the base profile cites, shape by shape where both
-    have the shape."""
-    from harness.costmodel.compute import GemmCurve
-
-    lines = [f"wrote {path} in {seconds:.0f} s; composes as hardware={hardware_option(path)} (single model=tiny "
-             f"predicted {pred['step_time_s'] * 1e3:.2f} ms/step)", "measured | base profile (cited) | measured / cited"]
-    gemm, cited = profile["compute"]["gemm"]["bf16"], GemmCurve.of(base["compute"]["gemm"]["bf16"])
-    ratios = sorted(r / (cited.rate(m, n, k) / 1e12) for m, n, k, r in gemm["shapes"])
-    big = [r / (cited.rate(m, n, k) / 1e12) for m, n, k, r in gemm["shapes"] if min(m, n, k) >= 2048]
-    lines.append(f"  bf16 GEMM, best shape: {gemm['max_tflops']:.1f} TFLOP/s | {base['compute']['gemm']['bf16']['max_tflops']} | "
-                 f"{gemm['max_tflops'] / base['compute']['gemm']['bf16']['max_tflops']:.3f}")
-    lines.append(f"  bf16 GEMM rate per shape ({len(ratios)} shapes): median {ratios[len(ratios) // 2]:.3f}, "
-                 f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
-                 + (f"; every dimension >= 2048: median {sorted(big)[len(big) // 2]:.3f}" if big else ""))
-    lines.append(f"  memory bandwidth: {profile['memory_bw_GBps']:.0f} GB/s | {base.get('memory_bw_GBps', 0):.0f} | "
-                 f"{profile['memory_bw_GBps'] / max(base.get('memory_bw_GBps') or 1, 1):.3f}")
-    c, bc = profile["compute"], base["compute"]
-    lines.append(f"  element-wise operators: {c['elementwise_GBps']:.0f} GB/s | "
-                 f"{bc.get('elementwise_GBps') or base.get('memory_bw_GBps', 0):.0f} (memory bandwidth where not measured)")
-    for key in ("attention_efficiency", "attention_backward_efficiency"):
-        if key in c:
-            lines.append(f"  {key}.bf16: {c[key]['bf16']:.3f} | {bc.get(key, {}).get('bf16', '-')}")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__.split("\n\n")[0],
@@ -297,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     write_profile(profile, path, command.strip())
     pred = check_profile(path)
     if gpu:
-        print(gpu_summary(profile, base, path, time.monotonic() - t0, pred))
+        print(calibrate_gpu.summary(profile, base, f"wrote {path} in {time.monotonic() - t0:.0f} s; composes as "
+                                    f"hardware={hardware_option(path)}", pred))
         return 0
     ar = profile["collectives"]["all_reduce"]
     print(f"wrote {path} in {time.monotonic() - t0:.0f} s: fp32 {profile['achievable_tflops']['fp32'] * 1e3:.1f} "

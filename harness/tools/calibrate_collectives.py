@@ -187,7 +187,7 @@ def _overlap(torch, device, n: int) -> dict:
     are queued first to outlast it. On a GPU the GEMMs are bf16 and timed by CUDA events on their stream."""
     import torch.distributed as dist
 
-    from harness.tools.calibrate_gpu import run_for, timed_calls
+    from harness.tools.device_timing import run_for, timed_calls
 
     cuda = device is not None and device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32

@@ -1,5 +1,6 @@
 """The element-wise and attention part of `python -m harness.calibrate`: how fast one core runs the
-operators between the GEMMs, measured on brigade's own model.
+operators between the GEMMs, measured on brigade's own model (`measure`); on a GPU the same figures
+from the kernels' own time under torch.profiler (`measure_profiled`, harness/tools/calibrate_gpu.py).
 
 On one CPU core the element-wise operators of a step are not bound by memory bandwidth: GELU's erf,
 the loss's exp and log, LayerNorm's reductions run at 3-5 GB/s where the STREAM triad streams
@@ -74,4 +75,70 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
     if forward:
         out["attention_efficiency"] = {"fp32": round(statistics.median(forward), 4)}
         out["attention_backward_efficiency"] = {"fp32": round(statistics.median(backward), 4)}
+    return out
+
+
+def measure_profiled(dtype, peak_tflops: float, mode: dict, device) -> dict:
+    """On a GPU (harness/tools/calibrate_gpu.py): {elementwise_GBps, attention_efficiency,
+    attention_backward_efficiency} of brigade's own step (mode's model, blocks, micro-batch) under the
+    dtype's autocast, from torch.profiler's own (self) kernel time per aten operator, the element-wise
+    bytes from OpProfile over the same step; the attention keys only where the step ran a fused
+    attention kernel. Any device: on a CPU the operators' own CPU time (the tests)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from harness.config import compose_run
+    from harness.costmodel.inputs import Model
+    from harness.tools.op_profile import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, OpProfile, kind_of
+    from harness.tools.device_timing import sig, sync
+    from models.gpt import build_model
+    from models.loss import cross_entropy
+
+    overrides = [f"model={mode['model']}", f"model.n_layers={mode['model_layers']}"]
+    if mode["seq_len"]:
+        overrides.append(f"model.seq_len={mode['seq_len']}")
+    cfg = compose_run(overrides).model
+    model = build_model(cfg, seed=0).to(device)
+    tokens = torch.randint(0, cfg.vocab_size, (mode["micro_batch"], cfg.seq_len),
+                           generator=torch.Generator().manual_seed(0)).to(device)
+
+    def step():
+        with torch.autocast(device.type, dtype=dtype):  # as brigade's forward_loss (strategies/base.py)
+            loss = cross_entropy(model(tokens), tokens)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # the first step allocates and picks kernels
+    sync(device)
+    with OpProfile() as ops:  # bytes moved, op by op (untimed: the mode's own Python would be timed)
+        step()
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    core_forward = mode["micro_batch"] * cfg.seq_len * Model.of(cfg).core_flops * cfg.n_layers
+    flops, peak = 0.5 * core_forward, peak_tflops * 1e12  # the causal half of the core's forward (compute.py)
+    elementwise, forward, backward = [], [], []
+    for _ in range(mode["model_rounds"]):
+        with profile(activities=activities) as prof:
+            step()
+            sync(device)
+        seconds = {"elementwise": 0.0, "forward": 0.0, "backward": 0.0}
+        for ev in prof.key_averages():
+            # kernel time on a GPU (named self_cuda_time_total before torch 2.4), CPU time on a CPU
+            own_us = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0.0)
+                      if cuda else ev.self_cpu_time_total)
+            name = ev.key.split("::")[-1]
+            if name in ATTENTION_FORWARD_OPS:
+                seconds["forward"] += own_us * 1e-6
+            elif name in ATTENTION_BACKWARD_OPS:
+                seconds["backward"] += own_us * 1e-6
+            elif kind_of(name) == "elementwise" and ev.key.startswith("aten::"):
+                seconds["elementwise"] += own_us * 1e-6
+        elementwise.append(ops.bytes["elementwise"] / max(seconds["elementwise"], 1e-9) / 1e9)
+        if seconds["forward"] and seconds["backward"]:
+            forward.append(flops / seconds["forward"] / peak)
+            backward.append(2.5 * flops / seconds["backward"] / peak)
+    out = {"elementwise_GBps": sig(statistics.median(elementwise))}
+    if forward:
+        out["attention_efficiency"] = sig(statistics.median(forward))
+        out["attention_backward_efficiency"] = sig(statistics.median(backward))
     return out

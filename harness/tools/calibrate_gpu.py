@@ -15,7 +15,8 @@ keeps the device's queue full; a synchronised call would time the launch, not th
     harness/costmodel/compute.py reads as it reads the cited table;
   - memory bandwidth: STREAM triad a = b + s*c over 3 arrays of `triad_mib` MiB -> memory_bw_GBps;
   - brigade's own step (MODEL with MODEL_LAYERS blocks, micro-batch MICRO_BATCH, under the dtype's
-    autocast as brigade's mixed-precision runs use it): forward, the loss and backward under
+    autocast as brigade's mixed-precision runs use it; calibrate_elementwise.measure_profiled):
+    forward, the loss and backward under
     torch.profiler, each aten operator's own kernel time (its self time: an operator's kernels counted
     once, by the operator that launched them), sorted by harness/tools/op_profile.py's kinds;
     the element-wise operators' bytes from OpProfile over the same step
@@ -38,6 +39,9 @@ import itertools
 import statistics
 import time
 
+from harness.tools import calibrate_elementwise
+from harness.tools.device_timing import run_for, sig
+
 GRID = (256, 512, 1024, 2048, 4096, 8192)
 NCCL_SIZES, QUICK_NCCL_SIZES = (4, 4096, 262144, 4 * 2**20, 64 * 2**20, 256 * 2**20), (4, 2**20, 64 * 2**20)
 DTYPES = ("bf16", "fp16")
@@ -48,42 +52,6 @@ FULL = {"grid": GRID, "rounds": 3, "window_s": 0.05, "soak_s": 20.0, "triad_mib"
 QUICK = {"grid": (256, 1024, 4096), "rounds": 1, "window_s": 0.02, "soak_s": 2.0, "triad_mib": 256, "triad_reps": 3,
          "model": MODEL, "model_layers": 2, "micro_batch": 2, "seq_len": None, "model_rounds": 1,
          "nccl_sizes": QUICK_NCCL_SIZES, "nccl_budget_s": 0.05}
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def run_for(fn, window_s: float, device) -> tuple[int, float]:
-    """(calls, seconds) of fn called back to back for about window_s: on a GPU the seconds between two
-    CUDA events around the calls, on a CPU the wall clock."""
-    fn()  # a shape's first call picks its kernel and workspace: time the second
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return timed_calls(fn, max(1, min(100_000, int(window_s / max(time.perf_counter() - t0, 1e-7)))), device)
-
-
-def timed_calls(fn, calls: int, device) -> tuple[int, float]:
-    """(calls, seconds) of exactly `calls` calls of fn back to back (CUDA events on a GPU)."""
-    import torch
-
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        return calls, start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return calls, time.perf_counter() - t0
 
 
 def sm_clock_mhz(device):
@@ -134,7 +102,7 @@ def gemm_grid(dtype, grid, rounds: int, window_s: float, device) -> dict:
             a, b = operand(lhs, m, k), operand(rhs, k, n)
             calls, s = run_for(lambda: a @ b, window_s, device)
             rates[(m, n, k)].append(2 * m * n * k * calls / s)
-    table = [[m, n, k, _sig(statistics.median(rates[(m, n, k)]) / 1e12)] for m, n, k in shapes]
+    table = [[m, n, k, sig(statistics.median(rates[(m, n, k)]) / 1e12)] for m, n, k in shapes]
     return {"max_tflops": max(row[3] for row in table), "shapes": table}
 
 
@@ -149,73 +117,6 @@ def triad_GBps(mib: int, reps: int, device) -> float:
         calls, s = run_for(lambda: torch.add(b, c, alpha=3.0, out=a), 0.05, device)
         rates.append(3 * 4 * n * calls / s / 1e9)
     return statistics.median(rates)
-
-
-def model_ops(dtype, peak_tflops: float, mode: dict, device) -> dict:
-    """{elementwise_GBps, attention_efficiency, attention_backward_efficiency} of brigade's own step
-    (module docstring); the attention keys only where the step ran a fused attention kernel."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from harness.config import compose_run
-    from harness.costmodel.inputs import Model
-    from harness.tools.op_profile import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, OpProfile, kind_of
-    from models.gpt import build_model
-    from models.loss import cross_entropy
-
-    overrides = [f"model={mode['model']}", f"model.n_layers={mode['model_layers']}"]
-    if mode["seq_len"]:
-        overrides.append(f"model.seq_len={mode['seq_len']}")
-    cfg = compose_run(overrides).model
-    model = build_model(cfg, seed=0).to(device)
-    tokens = torch.randint(0, cfg.vocab_size, (mode["micro_batch"], cfg.seq_len),
-                           generator=torch.Generator().manual_seed(0)).to(device)
-
-    def step():
-        with torch.autocast(device.type, dtype=dtype):  # as brigade's forward_loss (strategies/base.py)
-            loss = cross_entropy(model(tokens), tokens)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    step()  # the first step allocates and picks kernels
-    _sync(device)
-    with OpProfile() as ops:  # bytes moved, op by op (untimed: the mode's own Python would be timed)
-        step()
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    core_forward = mode["micro_batch"] * cfg.seq_len * Model.of(cfg).core_flops * cfg.n_layers
-    flops, peak = 0.5 * core_forward, peak_tflops * 1e12  # the causal half of the core's forward (compute.py)
-    elementwise, forward, backward = [], [], []
-    for _ in range(mode["model_rounds"]):
-        with profile(activities=activities) as prof:
-            step()
-            _sync(device)
-        seconds = {"elementwise": 0.0, "forward": 0.0, "backward": 0.0}
-        for ev in prof.key_averages():
-            # kernel time on a GPU (named self_cuda_time_total before torch 2.4), CPU time on a CPU
-            own_us = (getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0.0)
-                      if cuda else ev.self_cpu_time_total)
-            name = ev.key.split("::")[-1]
-            if name in ATTENTION_FORWARD_OPS:
-                seconds["forward"] += own_us * 1e-6
-            elif name in ATTENTION_BACKWARD_OPS:
-                seconds["backward"] += own_us * 1e-6
-            elif kind_of(name) == "elementwise" and ev.key.startswith("aten::"):
-                seconds["elementwise"] += own_us * 1e-6
-        elementwise.append(ops.bytes["elementwise"] / max(seconds["elementwise"], 1e-9) / 1e9)
-        if seconds["forward"] and seconds["backward"]:
-            forward.append(flops / seconds["forward"] / peak)
-            backward.append(2.5 * flops / seconds["backward"] / peak)
-    out = {"elementwise_GBps": _sig(statistics.median(elementwise))}
-    if forward:
-        out["attention_efficiency"] = _sig(statistics.median(forward))
-        out["attention_backward_efficiency"] = _sig(statistics.median(backward))
-    return out
-
-
-def _sig(x: float) -> float:
-    """Four significant figures (a CPU in the tests measures TFLOP/s of 1e-3)."""
-    return float(f"{x:.4g}")
 
 
 def nccl_figures(gpus: int, mode: dict) -> tuple[dict, dict, dict]:
@@ -261,7 +162,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
     console.print("memory bandwidth (triad)")
     mem_bw = triad_GBps(mode["triad_mib"], mode["triad_reps"], dev)
     console.print(f"element-wise operators and attention (model={mode['model']}, {mode['model_layers']} blocks)")
-    ops = model_ops(dtypes["bf16"], peak["bf16"], mode, dev)
+    ops = calibrate_elementwise.measure_profiled(dtypes["bf16"], peak["bf16"], mode, dev)
     for d in DTYPES:  # the step ran under bf16; fp16 runs the same kernels at the same rate on these parts
         if "attention_efficiency" in ops:
             attn_f[d], attn_b[d] = ops["attention_efficiency"], ops["attention_backward_efficiency"]
@@ -271,7 +172,7 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
         console.print(f"collectives and compute beside them: NCCL at {sorted({2, gpus})} ranks")
         prof["collectives"], link, overlap = nccl_figures(gpus, mode)
         prof["intra_node"] = {**dict(prof["intra_node"]), **link}
-        compute["overlap_slowdown"] = _sig(max(overlap["slowdown"], 0.0))
+        compute["overlap_slowdown"] = sig(max(overlap["slowdown"], 0.0))
         source["collectives"] = (f"NCCL via torchrun, one rank per GPU, nccl-tests busbw; α-β fit t = α + factor*S/B per "
                                  f"collective and group size; sizes in bytes (harness/tools/calibrate_collectives.py)")
         source["intra_node"] = f"bus_bw_GBps and latency_us: all_reduce over the {gpus} GPUs (fit); hop latencies from hardware={base_hw['name']}"
@@ -308,6 +209,32 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
     achievable = dict(prof.get("achievable_tflops") or {})
     achievable.update({d: gemm[d]["max_tflops"] for d in DTYPES})
     source["achievable_tflops"] = "bf16 / fp16: the GEMM sweep's fastest shape; fp32 from the base profile"
-    prof.update({"name": name, "achievable_tflops": achievable, "memory_bw_GBps": _sig(mem_bw),
+    prof.update({"name": name, "achievable_tflops": achievable, "memory_bw_GBps": sig(mem_bw),
                  "compute": compute, "source": source})
     return prof
+
+
+def summary(profile: dict, base: dict, written: str, pred: dict) -> str:
+    """What a GPU calibration measured, beside what the base profile cites, shape by shape where both
+    have the shape."""
+    from harness.costmodel.compute import GemmCurve
+
+    lines = [f"{written} (single model=tiny predicted {pred['step_time_s'] * 1e3:.2f} ms/step)",
+             "measured | base profile (cited) | measured / cited"]
+    gemm, cited = profile["compute"]["gemm"]["bf16"], GemmCurve.of(base["compute"]["gemm"]["bf16"])
+    ratios = sorted(r / (cited.rate(m, n, k) / 1e12) for m, n, k, r in gemm["shapes"])
+    big = [r / (cited.rate(m, n, k) / 1e12) for m, n, k, r in gemm["shapes"] if min(m, n, k) >= 2048]
+    lines.append(f"  bf16 GEMM, best shape: {gemm['max_tflops']:.1f} TFLOP/s | {base['compute']['gemm']['bf16']['max_tflops']} | "
+                 f"{gemm['max_tflops'] / base['compute']['gemm']['bf16']['max_tflops']:.3f}")
+    lines.append(f"  bf16 GEMM rate per shape ({len(ratios)} shapes): median {ratios[len(ratios) // 2]:.3f}, "
+                 f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
+                 + (f"; every dimension >= 2048: median {sorted(big)[len(big) // 2]:.3f}" if big else ""))
+    lines.append(f"  memory bandwidth: {profile['memory_bw_GBps']:.0f} GB/s | {base.get('memory_bw_GBps', 0):.0f} | "
+                 f"{profile['memory_bw_GBps'] / max(base.get('memory_bw_GBps') or 1, 1):.3f}")
+    c, bc = profile["compute"], base["compute"]
+    lines.append(f"  element-wise operators: {c['elementwise_GBps']:.0f} GB/s | "
+                 f"{bc.get('elementwise_GBps') or base.get('memory_bw_GBps', 0):.0f} (memory bandwidth where not measured)")
+    for key in ("attention_efficiency", "attention_backward_efficiency"):
+        if key in c:
+            lines.append(f"  {key}.bf16: {c[key]['bf16']:.3f} | {bc.get(key, {}).get('bf16', '-')}")
+    return "\n".join(lines)

@@ -176,20 +176,10 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     write_profile(prof, path, "test")
     pred = check_profile(path)
     assert pred["hardware"] == "h100_cpu_test"
-    cited = check_profile_of("h100_sxm")
+    cited = check_profile(REPO / "conf" / "hardware" / "h100_sxm.yaml")
     assert pred["step_time_s"] > 100 * cited["step_time_s"]  # GFLOP/s of a CPU core against an H100's TFLOP/s
     summary = calibrate_gpu.summary(prof, base, f"wrote {path}", pred)
     assert "bf16 GEMM rate per shape (8 shapes)" in summary and "attention_backward_efficiency.bf16" in summary
-
-
-def check_profile_of(hardware: str) -> dict:
-    """The prediction check_profile makes (single, model=tiny), on a committed profile."""
-    from harness.config import compose_run
-    from harness.costmodel import predict
-    from harness.validate import validate
-
-    run = compose_run(["strategy=single", "model=tiny", f"hardware={hardware}"])
-    return predict(run, validate(run))
 
 
 def test_calibrating_a_gpu_profile_without_a_gpu_is_refused_with_the_reason():

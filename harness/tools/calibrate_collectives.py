@@ -48,7 +48,7 @@ def _elems(coll: str, size: int, n: int) -> int:
     return max(n, elems // n * n) if coll in ("all_gather", "reduce_scatter", "all_to_all") else elems
 
 
-def _buffers(coll: str, size: int, n: int, torch, device=None):
+def _buffers(coll: str, size: int, n: int, torch, device):
     """(callable, bytes as nccl-tests counts them) for one message size."""
     import torch.distributed as dist
 
@@ -89,8 +89,10 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str,
     import torch
     import torch.distributed as dist
 
+    from harness.tools.device_timing import sync
+
     torch.set_num_threads(1)
-    device = None
+    device = torch.device("cpu")
     if backend == "nccl":  # one rank per GPU
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -101,7 +103,7 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str,
     for coll in COLLECTIVES:
         for size in sizes:
             call, nbytes = _buffers(coll, size, n, torch, device)
-            fn = call if device is None else (lambda call=call: (call(), torch.cuda.synchronize(device)))
+            fn = call if device.type == "cpu" else (lambda call=call: (call(), sync(device)))  # till the GPU is done
             fn()  # warm-up (connection set-up, allocation)
             dist.barrier()
             t0 = time.perf_counter()
@@ -121,7 +123,7 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str,
             if rank == 0:
                 Path(progress_path).write_text(f"{done} {total}")
     overlap = None
-    if device is None:
+    if device.type == "cpu":
         for coll, name in IN_STEP.items():
             results[name] = [_in_step(coll, size, n, budget_s, torch) for size in sizes]
     else:
@@ -187,21 +189,19 @@ def _overlap(torch, device, n: int) -> dict:
     are queued first to outlast it. On a GPU the GEMMs are bf16 and timed by CUDA events on their stream."""
     import torch.distributed as dist
 
-    from harness.tools.device_timing import run_for, timed_calls
+    from harness.tools.device_timing import run_for, sync, timed_calls
 
-    cuda = device is not None and device.type == "cuda"
+    cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     m = OVERLAP_GEMM if cuda else 256
     a, b = torch.randn(m, m, dtype=dtype, device=device), torch.randn(m, m, dtype=dtype, device=device)
     elems = max(n, OVERLAP_GATHER_BYTES // 2 // n * n) if cuda else 2**16 // n * n
     out, inp = torch.empty(elems, dtype=dtype, device=device), torch.ones(elems // n, dtype=dtype, device=device)
-    where = device or torch.device("cpu")
-    calls, alone = run_for(lambda: a @ b, 0.2, where)  # also the loop's length for every round
+    calls, alone = run_for(lambda: a @ b, 0.2, device)  # also the loop's length for every round
     dist.barrier()
     t0 = time.perf_counter()
     dist.all_gather_into_tensor(out, inp)
-    if cuda:
-        torch.cuda.synchronize(device)
+    sync(device)
     gather_s = _slowest(time.perf_counter() - t0, torch, device)
     # the same count on every rank (a collective every rank does not join never completes)
     queued = int(_slowest(alone, torch, device) / max(gather_s, 1e-6)) + 2
@@ -209,16 +209,15 @@ def _overlap(torch, device, n: int) -> dict:
     for _ in range(OVERLAP_ROUNDS):
         dist.barrier()
         works = [dist.all_gather_into_tensor(out, inp, async_op=True) for _ in range(queued)]
-        _, with_comm = timed_calls(lambda: a @ b, calls, where)
+        _, with_comm = timed_calls(lambda: a @ b, calls, device)
         for w in works:
             w.wait()
-        if cuda:
-            torch.cuda.synchronize(device)
+        sync(device)
         dist.barrier()
-        _, alone = timed_calls(lambda: a @ b, calls, where)
+        _, alone = timed_calls(lambda: a @ b, calls, device)
         slow.append(with_comm / alone - 1.0)
     mean = _slowest(statistics.median(slow), torch, device, op="SUM") / n
-    return {"slowdown": mean, "gemm": [m, m, m], "gather_bytes": 2 * elems if cuda else 4 * elems, "rounds": OVERLAP_ROUNDS}
+    return {"slowdown": mean, "gemm": [m, m, m], "gather_bytes": elems * out.element_size(), "rounds": OVERLAP_ROUNDS}
 
 
 # -- the parent ---------------------------------------------------------------------------------

@@ -223,3 +223,28 @@ def test_sequence_parallel_pays_its_gathers_scatters_and_norm_gradients():
     b = evaluate(MD, Hardware.of(_Obj(slow)), st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none")
     assert b["comm_tp_time_s"] - sp["comm_tp_time_s"] == pytest.approx(
         2 * each * (time("all_gather", act) + time("reduce_scatter", act)), rel=1e-6)
+
+
+def test_a_collective_of_ranks_sharing_the_cores_takes_their_share_of_a_core():
+    """calibrate times each group size with only that group on the cores; in a step every rank of the node
+    computes around the call, so on 2 cores a 2-rank collective among 8 ranks takes 4x its calibrated
+    time, among 4 ranks 2x; a group timed at its own sharing (4 ranks, measured at 4) takes it as measured."""
+    hw = hardware(corun=None)
+    two = hw.collectives["all_reduce"][2]
+    alone = comm.collective_link(hw, "all_reduce", 2, 1, 2)
+    assert (alone.alpha_s, alone.bw_Bps, alone.measured) == (two.alpha_s, two.bw_Bps, two.measured)
+    for rpn, f in ((4, 2.0), (8, 4.0)):
+        shared = comm.collective_link(hw, "all_reduce", 2, 1, rpn)
+        assert shared.alpha_s == pytest.approx(f * two.alpha_s) and shared.bw_Bps == pytest.approx(two.bw_Bps / f)
+        assert comm.call_s(shared, "all_reduce", 2, 262144) == pytest.approx(f * comm.call_s(two, "all_reduce", 2, 262144))
+    four = comm.collective_link(hw, "all_reduce", 4, 1, 4)
+    assert four.alpha_s == hw.collectives["all_reduce"][4].alpha_s
+    assert comm.collective_link(hw, "all_reduce", 4, 1, 8).alpha_s == pytest.approx(2 * four.alpha_s)
+    # the step: each rank of dp 2 x tp 2 (4 ranks) makes the calls of tp 2 alone (2 ranks), at twice the time
+    shared = predict(hw, dp=2, tp=2, strategy="3d", m=2)["comm_tp_time_s"]
+    assert shared == pytest.approx(2 * predict(hw, tp=2, strategy="tp", m=2)["comm_tp_time_s"], rel=1e-9)
+    # GPU ranks never share a device: a calibrated NCCL table is read as measured
+    h100 = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
+    h100["collectives"] = {"all_reduce": {"2": {"bus_bw_GBps": 100.0, "latency_us": 20.0}}}
+    gpu = Hardware.of(_Obj(h100))
+    assert comm.collective_link(gpu, "all_reduce", 2, 1, 8).alpha_s == pytest.approx(20e-6)

@@ -106,12 +106,30 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
             best = min(table, key=lambda k: (abs(k - n), -k))
-            return table[best]
+            return time_shared(table[best], _sharing(hw, ranks_per_node) / _sharing(hw, best))
         return hw.intra
     g = max(1, min(n, ranks_per_node // max(1, stride)))
     nics = min(g, hw.nics_per_node)
     return Link(spanning_latency_s(hw, collective, n, g),
                 min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps) if nics > 1 else hw.inter.bw_Bps)
+
+
+def _sharing(hw, ranks: int) -> float:
+    """How many ranks share one core (CPU ranks beyond the cores time-share them); 1 on a GPU node."""
+    return max(1.0, ranks / hw.devices_per_node)
+
+
+def time_shared(link: Link, f: float) -> Link:
+    """A calibrated collective in a step whose ranks share the cores f times more than when calibrate
+    timed it. On gloo a collective is CPU work (copies, reductions, loopback syscalls and the dispatch
+    around them), so like compute it runs at the rank's share of a core: every time x f. calibrate times
+    each group size with only that group running (2 ranks on 2 cores: no sharing); in a step all of a
+    node's ranks compute around the call (the demo's dp 2 tp 2 pp 2: 8 ranks on 2 cores, f = 4). Measured
+    per call on model small (docs/notes.md#s14-cpu): the tp all-reduce's measured / predicted time grew
+    1.6 -> 3.6-4.1 -> 6.2 from 2 to 4 to 8 ranks on the 2 cores. f = 1 on a GPU profile."""
+    if f <= 1.0:
+        return link
+    return Link(link.alpha_s * f, link.bw_Bps / f, tuple((x, t * f) for x, t in link.measured))
 
 
 def time_s(link: Link, collective: str, n: int, size_bytes: float, calls: float) -> float:

@@ -8,7 +8,9 @@
     comm     = Σ α-β times per axis (comm.py, dp_comm.py); tp and pp per call from calibrate's measured time
                per message size where the profile has one (comm.call_s), tp's collectives (all-reduce;
                sequence parallel: all-gather, reduce-scatter) as a step meets them where calibrate
-               measured that (comm.IN_STEP: after each rank's own compute)
+               measured that (comm.IN_STEP: after each rank's own compute); a CPU collective among
+               ranks sharing the cores more than when calibrate timed it, that many times longer
+               (comm.time_shared)
     exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
                the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
                unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind

@@ -106,7 +106,7 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
             best = min(table, key=lambda k: (abs(k - n), -k))
-            return time_shared(table[best], _sharing(hw, ranks_per_node) / _sharing(hw, best))
+            return time_shared(table[best], core_sharing(hw, ranks_per_node) / core_sharing(hw, best))
         return hw.intra
     g = max(1, min(n, ranks_per_node // max(1, stride)))
     nics = min(g, hw.nics_per_node)
@@ -114,8 +114,10 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
                 min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps) if nics > 1 else hw.inter.bw_Bps)
 
 
-def _sharing(hw, ranks: int) -> float:
-    """How many ranks share one core (CPU ranks beyond the cores time-share them); 1 on a GPU node."""
+def core_sharing(hw, ranks: float) -> float:
+    """How many of `ranks` CPU ranks share one core of the node (beyond the cores they time-share them);
+    1 on a GPU node, whose ranks each hold a device. Compute (layout.cpu_slowdowns) and collectives
+    (time_shared) both divide by it."""
     return max(1.0, ranks / hw.devices_per_node)
 
 

@@ -126,7 +126,7 @@ def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
     """(GEMM, memory) slowdown of each of `busy_ranks` CPU ranks computing at once on a node: beyond the
     core count they time-share; from 2 ranks on, every core computes at once and each runs at the rate
     calibrate measured with all cores busy (harness/tools/calibrate_corun.py)."""
-    sharing = max(1.0, busy_ranks / hw.devices_per_node)
+    sharing = comm.core_sharing(hw, busy_ranks)
     corun = (hw.corun_gemm, hw.corun_memory) if busy_ranks > 1 else (1.0, 1.0)
     return sharing * corun[0], sharing * corun[1]
 

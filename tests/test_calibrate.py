@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from harness.tools.calibrate import check_profile
-from harness.tools.calibrate_collectives import COLLECTIVES, fit_alpha_beta
+from harness.tools.calibrate_collectives import COLLECTIVES
+from harness.tools.calibrate_collectives_fit import fit_alpha_beta
 from tests.helpers import REPO
 
 
@@ -224,3 +225,24 @@ def test_compute_beside_collectives_is_measured_on_every_rank(tmp_path):
     assert res["rounds"] == 3 and res["gemm"] == [256, 256, 256] and res["gather_bytes"] == 2**16 * 4
     # two processes on two cores, gloo's thread beside the GEMMs: slower or about the same, never 20x
     assert -0.5 < res["slowdown"] < 20, res
+
+
+def test_pairs_of_ranks_are_timed_at_once_beside_the_whole_world():
+    """At 4 ranks the worker times every collective (and each in-step one) over all 4 ranks, then over
+    the two pairs at once, as a dp 2 x tp 2 step's 2-rank collectives meet the node's other ranks: the
+    profile's "4" and "2@4" figures, which the cost model reads at those sharings (comm.collective_link)."""
+    from harness.costmodel.comm import IN_STEP
+    from harness.tools.calibrate_collectives_fit import run_collectives, tables
+
+    polls = []
+    res = run_collectives(4, (4, 65536), 0.01, lambda done, total: polls.append((done, total)))
+    figs = tables(res)
+    assert sorted(figs) == sorted((*COLLECTIVES, *IN_STEP.values()))
+    for coll, by_key in figs.items():
+        assert sorted(by_key) == ["2@4", "4"], (coll, by_key)
+        for key, fig in by_key.items():
+            assert fig["bus_bw_GBps"] > 0 and len(fig["time_us_by_bytes"]) == 2, (coll, key, fig)
+    # the pairs' messages are a pair's: an all-gather's output splits into 2 chunks, not 4
+    assert list(figs["all_gather"]["2@4"]["time_us_by_bytes"]) == ["8", "65536"]
+    assert list(figs["all_gather"]["4"]["time_us_by_bytes"]) == ["16", "65536"]
+    assert not polls or max(d for d, _ in polls) <= polls[-1][1] == 2 * (len(COLLECTIVES) + len(IN_STEP)) * 2

@@ -208,7 +208,7 @@ def test_sequence_parallel_pays_its_gathers_scatters_and_norm_gradients():
     act, grad = 2 * MD.s * MD.h * 4, MD.h * 4
 
     def time(name, size):  # cpu_reference's back-to-back figure at 2 ranks
-        return comm.call_s(base.collectives[name][2], name, 2, size)
+        return comm.call_s(base.collectives[name][2][2], name, 2, size)
     want = each * (time("all_gather", act) + time("reduce_scatter", act)) + norms * time("all_reduce", grad)
     assert sp["comm_tp_time_s"] == pytest.approx(want, rel=1e-9)
     assert sp["comm_tp_bytes"] == pytest.approx(2 * 0.5 * each * act + 1.0 * norms * grad)
@@ -230,7 +230,7 @@ def test_a_collective_of_ranks_sharing_the_cores_takes_their_share_of_a_core():
     computes around the call, so on 2 cores a 2-rank collective among 8 ranks takes 4x its calibrated
     time, among 4 ranks 2x; a group timed at its own sharing (4 ranks, measured at 4) takes it as measured."""
     hw = hardware(corun=None)
-    two = hw.collectives["all_reduce"][2]
+    two = hw.collectives["all_reduce"][2][2]
     alone = comm.collective_link(hw, "all_reduce", 2, 1, 2)
     assert (alone.alpha_s, alone.bw_Bps, alone.measured) == (two.alpha_s, two.bw_Bps, two.measured)
     for rpn, f in ((4, 2.0), (8, 4.0)):
@@ -238,13 +238,42 @@ def test_a_collective_of_ranks_sharing_the_cores_takes_their_share_of_a_core():
         assert shared.alpha_s == pytest.approx(f * two.alpha_s) and shared.bw_Bps == pytest.approx(two.bw_Bps / f)
         assert comm.call_s(shared, "all_reduce", 2, 262144) == pytest.approx(f * comm.call_s(two, "all_reduce", 2, 262144))
     four = comm.collective_link(hw, "all_reduce", 4, 1, 4)
-    assert four.alpha_s == hw.collectives["all_reduce"][4].alpha_s
+    assert four.alpha_s == hw.collectives["all_reduce"][4][4].alpha_s
     assert comm.collective_link(hw, "all_reduce", 4, 1, 8).alpha_s == pytest.approx(2 * four.alpha_s)
     # the step: each rank of dp 2 x tp 2 (4 ranks) makes the calls of tp 2 alone (2 ranks), at twice the time
     shared = predict(hw, dp=2, tp=2, strategy="3d", m=2)["comm_tp_time_s"]
     assert shared == pytest.approx(2 * predict(hw, tp=2, strategy="tp", m=2)["comm_tp_time_s"], rel=1e-9)
-    # GPU ranks never share a device: a calibrated NCCL table is read as measured
+    # GPU ranks never share a device: a calibrated NCCL table is read as measured (below)
+    _pairs_timed_at_once_are_read_at_their_own_sharing()
     h100 = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
     h100["collectives"] = {"all_reduce": {"2": {"bus_bw_GBps": 100.0, "latency_us": 20.0}}}
     gpu = Hardware.of(_Obj(h100))
     assert comm.collective_link(gpu, "all_reduce", 2, 1, 8).alpha_s == pytest.approx(20e-6)
+
+
+def _pairs_timed_at_once_are_read_at_their_own_sharing():
+    """calibrate's "2@4" figures (pairs of ranks, both pairs timing at once on the 2 cores) stand for a
+    2-rank group among 4 ranks as measured, and for one among 8 at twice that; a 2-rank group alone
+    still reads the "2" figure, and a 4-rank group its own."""
+    prof = copy.deepcopy(BASE)
+    prof["compute"].pop("corun", None)
+    for by_key in prof["collectives"].values():
+        fig = copy.deepcopy(by_key["2"])
+        fig["time_us_by_bytes"] = {k: 1.7 * v for k, v in fig["time_us_by_bytes"].items()}
+        fig["latency_us"], fig["bus_bw_GBps"] = 1.7 * fig["latency_us"], fig["bus_bw_GBps"] / 1.7
+        by_key["2@4"] = fig
+    hw = Hardware.of(_Obj(prof))
+    assert sorted(hw.collectives["all_reduce"][2]) == [2, 4] and sorted(hw.collectives["all_reduce"][4]) == [4]
+    two, pairs = hw.collectives["all_reduce"][2][2], hw.collectives["all_reduce"][2][4]
+    size = 262144
+    assert comm.call_s(comm.collective_link(hw, "all_reduce", 2, 1, 2), "all_reduce", 2, size) == comm.call_s(two, "all_reduce", 2, size)
+    among4 = comm.collective_link(hw, "all_reduce", 2, 1, 4)
+    assert among4.alpha_s == pairs.alpha_s and comm.call_s(among4, "all_reduce", 2, size) == pytest.approx(
+        1.7 * comm.call_s(two, "all_reduce", 2, size))
+    among8 = comm.collective_link(hw, "all_reduce", 2, 1, 8)
+    assert comm.call_s(among8, "all_reduce", 2, size) == pytest.approx(2 * 1.7 * comm.call_s(two, "all_reduce", 2, size))
+    assert comm.collective_link(hw, "all_reduce", 4, 1, 4).alpha_s == hw.collectives["all_reduce"][4][4].alpha_s
+    # the step: dp 2 x tp 2's dp all-reduce (ranks 2 apart) reads the pairs' figure too
+    base = hardware(corun=None)
+    ratio = predict(hw, dp=2, tp=2, strategy="3d", m=2)["comm_dp_time_s"] / predict(base, dp=2, tp=2, strategy="3d", m=2)["comm_dp_time_s"]
+    assert ratio == pytest.approx(1.7 / 2, rel=0.02)

@@ -96,8 +96,8 @@ def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
 
 def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: int) -> Link:
     """The link of a collective over n ranks `stride` apart in rank order. Within a node: the
-    calibrated figure at the nearest measured group size (calibration runs on one machine), else the
-    intra-node link. Across nodes: NCCL builds one ring per channel and spreads the channels over the
+    calibrated figure at the nearest measured group size (calibration runs on one machine), timed with
+    the nearest number of ranks sharing the cores (time_shared), else the intra-node link. Across nodes: NCCL builds one ring per channel and spreads the channels over the
     node's NICs, so a group with g ranks on each node drives min(g, NICs) of them at once: its bus
     bandwidth is that many times one NIC's (inter_node.bus_bw_GBps), up to the intra-node link's
     (NCCL src/graph/tuning.cc: ring bus bandwidth = channels x per-channel speed; docs/published.md),
@@ -105,8 +105,10 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     if n * stride <= ranks_per_node:
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
-            best = min(table, key=lambda k: (abs(k - n), -k))
-            return time_shared(table[best], core_sharing(hw, ranks_per_node) / core_sharing(hw, best))
+            timed = table[min(table, key=lambda k: (abs(k - n), -k))]
+            share = core_sharing(hw, ranks_per_node)
+            among = min(timed, key=lambda r: (abs(core_sharing(hw, r) - share), -r))
+            return time_shared(timed[among], share / core_sharing(hw, among))
         return hw.intra
     g = max(1, min(n, ranks_per_node // max(1, stride)))
     nics = min(g, hw.nics_per_node)
@@ -125,10 +127,13 @@ def time_shared(link: Link, f: float) -> Link:
     """A calibrated collective in a step whose ranks share the cores f times more than when calibrate
     timed it. On gloo a collective is CPU work (copies, reductions, loopback syscalls and the dispatch
     around them), so like compute it runs at the rank's share of a core: every time x f. calibrate times
-    each group size with only that group running (2 ranks on 2 cores: no sharing); in a step all of a
-    node's ranks compute around the call (the demo's dp 2 tp 2 pp 2: 8 ranks on 2 cores, f = 4). Measured
-    per call on model small (docs/notes.md#s14-cpu): the tp all-reduce's measured / predicted time grew
-    1.6 -> 3.6-4.1 -> 6.2 from 2 to 4 to 8 ranks on the 2 cores. f = 1 on a GPU profile."""
+    each group size alone (2 ranks on 2 cores: no sharing) and, at 4 ranks, pairs of ranks all at once
+    ("2@4", sharing 2); a step's call reads the figure timed nearest its own sharing and scales the rest
+    (the demo's dp 2 tp 2 pp 2: 8 ranks on 2 cores, the pairs' figure x 2). Measured per call on model
+    small (docs/notes.md#s14-cpu): the tp all-reduce's measured / predicted time grew 1.6 -> 3.6-4.1 ->
+    6.2 from 2 to 4 to 8 ranks on the 2 cores when only the alone figure was scaled. Pairs timed at once
+    (docs/notes.md#cpu-shared-pairs): in-step collectives took 1.5-2.0x their time alone, back-to-back
+    ones 0.5-1.5x (waiting, not computing, one pair's core serves the other). f = 1 on a GPU profile."""
     if f <= 1.0:
         return link
     return Link(link.alpha_s * f, link.bw_Bps / f, tuple((x, t * f) for x, t in link.measured))

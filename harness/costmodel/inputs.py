@@ -117,15 +117,17 @@ def _measured(fig) -> tuple:
 
 
 def _collective_table(collectives) -> dict:
-    """calibrate's per-collective α-β fits: {name: {group size: Link}}."""
-    out = {}
-    for name, by_n in dict(collectives).items():
-        if not hasattr(by_n, "items"):
+    """calibrate's per-collective α-β fits: {name: {group size: {ranks running when timed: Link}}}. Keys
+    "<n>" (the group alone) and "<n>@<ranks>" (every pair of `ranks` timed at once)."""
+    out: dict = {}
+    for name, by_key in dict(collectives).items():
+        if not hasattr(by_key, "items"):
             continue
-        table = {int(n): comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9, _measured(fig))
-                 for n, fig in dict(by_n).items() if str(n).isdigit() and fig.get("bus_bw_GBps")}
-        if table:
-            out[name] = table
+        for key, fig in dict(by_key).items():
+            n, _, among = str(key).partition("@")
+            if n.isdigit() and (among or n).isdigit() and fig.get("bus_bw_GBps"):
+                link = comm.Link(fig["latency_us"] * 1e-6, fig["bus_bw_GBps"] * 1e9, _measured(fig))
+                out.setdefault(name, {}).setdefault(int(n), {})[int(among or n)] = link
     return out
 
 

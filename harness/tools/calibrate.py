@@ -11,7 +11,8 @@ profile of the machine this repository's reference figures come from.
                                                               # harness/tools/calibrate_gpu.py)
 
 What is measured (the methods of all_reduce_bench and mamf-finder in stas00/ml-engineering, nccl-tests
-definitions; the collectives part is harness/tools/calibrate_collectives.py):
+definitions; the collectives part is harness/tools/calibrate_collectives.py, launched and fitted by
+calibrate_collectives_fit.py):
   - memory bandwidth of one device: STREAM triad a = b + s*c on one thread, the median of repeats ->
     memory_bw_GBps (the cost model's memory-bound work: element-wise ops, gradient accumulation, AdamW).
   - matmul rate of one device: an (n x n) @ (n x n) product, 2n^3 FLOP, on one thread (a CPU device
@@ -34,12 +35,15 @@ definitions; the collectives part is harness/tools/calibrate_collectives.py):
     sends to r+1 and receives from r-1); and all_reduce_in_step, all_gather_in_step and
     reduce_scatter_in_step, tensor parallelism's collectives as a step meets them (with and without
     sequence parallelism; harness/tools/calibrate_collectives.py IN_STEP: the time DTensor's
-    functional collective adds to a burst of each rank's own compute). For a message of S bytes and time t (the
+    functional collective adds to a burst of each rank's own compute). At 4 ranks every one of these is
+    timed a second time over the two pairs of ranks at once, as a dp 2 x tp 2 step's 2-rank collectives
+    meet the node's other ranks (collectives.<name>."2@4"). For a message of S bytes and time t (the
     slowest rank's median over iterations): algbw = S / t, busbw = algbw * factor, factor 2(n-1)/n for
     all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for send_recv.
   - the α-β fit: t(S) = α + factor * S / B, least squares in relative error over the sizes (so the
     small messages pin α, the large ones B). B and α go to collectives.<name>."<n>" as bus_bw_GBps
-    and latency_us (with the per-size busbw curve); intra_node takes all_reduce at 2 ranks.
+    and latency_us (with the per-size busbw curve), the pairs' to collectives.<name>."2@4"; intra_node
+    takes all_reduce at 2 ranks.
 The written profile is composed and validated (a `single` config on it is predicted) before this
 command reports success.
 """
@@ -51,7 +55,8 @@ import time
 from pathlib import Path
 
 from harness.config import CONF_DIR
-from harness.tools.calibrate_collectives import COLLECTIVES, IN_STEP, run_collectives, summarise
+from harness.tools.calibrate_collectives import COLLECTIVES, IN_STEP
+from harness.tools.calibrate_collectives_fit import run_collectives, tables
 from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp, calibrate_gpu
 from harness.tools.calibrate_compute import cpu_clock, measure as measure_compute
 
@@ -143,9 +148,9 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
             bar.update(task, description=f"collectives at {n} ranks")
             base = 6 + i * per_run
             res = run_collectives(n, mode["sizes"], mode["budget_s"],
-                                  lambda d, t, base=base: bar.update(task, completed=base + d))
-            for coll, rows in res["results"].items():
-                collectives[coll][str(n)] = summarise(coll, n, rows)
+                                  lambda d, t, base=base: bar.update(task, completed=base + per_run * d / t))
+            for coll, by_key in tables(res).items():
+                collectives[coll].update(by_key)
             bar.update(task, completed=base + per_run)
     import torch
 
@@ -194,7 +199,8 @@ def write_profile(profile: dict, path: Path, command: str) -> None:
     import yaml
 
     header = (f"# Measured by `{command}` (harness/tools/calibrate.py); regenerate rather than edit.\n"
-              f"# collectives.<name>.\"<ranks>\": α-β fit (bus_bw_GBps, latency_us) and the measured busbw per size.\n")
+              f"# collectives.<name>.\"<ranks>\": α-β fit (bus_bw_GBps, latency_us) and the measured busbw per size;\n"
+              f"# \"2@<ranks>\": the same over pairs of ranks, all <ranks> ranks timing their pairs at once.\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(profile, sort_keys=False, allow_unicode=True, width=110))
 

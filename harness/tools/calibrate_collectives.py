@@ -1,7 +1,7 @@
 """Collective bus bandwidth and latency on this machine (part of `python -m harness.calibrate`):
 the worker that torchrun starts on every rank (`python -m harness.tools.calibrate_collectives OUT
-SIZES BUDGET PROGRESS [BACKEND]`), and the parent side that launches it and fits t(S) = alpha + factor * S / B
-(see harness/tools/calibrate.py for what is measured and why).
+SIZES BUDGET PROGRESS [BACKEND]`); harness/tools/calibrate_collectives_fit.py launches it and fits
+t(S) = alpha + factor * S / B (see harness/tools/calibrate.py for what is measured and why).
 
 On GPUs (BACKEND nccl, one rank per GPU, harness/tools/calibrate_gpu.py) the buffers live on each rank's
 device and a call's time runs until the device has finished it; tensor parallelism's IN_STEP figures
@@ -15,17 +15,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-from harness.config import CONF_DIR
 from harness.costmodel import comm
 from harness.costmodel.comm import IN_STEP
 
-REPO = CONF_DIR.parent
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 # Tensor parallelism's collectives as a step meets them (IN_STEP: the all-reduce, and sequence
 # parallelism's all-gather and reduce-scatter): DTensor's functional collective (issue, then wait)
@@ -48,30 +45,32 @@ def _elems(coll: str, size: int, n: int) -> int:
     return max(n, elems // n * n) if coll in ("all_gather", "reduce_scatter", "all_to_all") else elems
 
 
-def _buffers(coll: str, size: int, n: int, torch, device):
-    """(callable, bytes as nccl-tests counts them) for one message size."""
+def _buffers(coll: str, size: int, torch, device, team: "Team"):
+    """(callable, bytes as nccl-tests counts them) for one message size over the rank's team."""
     import torch.distributed as dist
 
+    n, group = len(team.members), team.group
     elems = _elems(coll, size, n)
-    rank = dist.get_rank()
     ones, empty = (lambda k: torch.ones(k, device=device)), (lambda k: torch.empty(k, device=device))
     if coll == "all_reduce":
         x = ones(elems)
-        return (lambda: dist.all_reduce(x)), 4 * elems
+        return (lambda: dist.all_reduce(x, group=group)), 4 * elems
     if coll == "all_gather":  # S = the gathered output
         out, inp = empty(elems), ones(elems // n)
-        return (lambda: dist.all_gather_into_tensor(out, inp)), 4 * elems
+        return (lambda: dist.all_gather_into_tensor(out, inp, group=group)), 4 * elems
     if coll == "reduce_scatter":  # S = the input
         out, inp = empty(elems // n), ones(elems)
-        return (lambda: dist.reduce_scatter_tensor(out, inp)), 4 * elems
+        return (lambda: dist.reduce_scatter_tensor(out, inp, group=group)), 4 * elems
     if coll == "all_to_all":  # S = one rank's buffer
         out, inp = empty(elems), ones(elems)
-        return (lambda: dist.all_to_all_single(out, inp)), 4 * elems
+        return (lambda: dist.all_to_all_single(out, inp, group=group)), 4 * elems
     send, recv = ones(elems), empty(elems)
+    me = team.members.index(dist.get_rank())
+    after, before = team.members[(me + 1) % n], team.members[(me - 1) % n]
 
     def ring():
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n),
-                                       dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, after, group),
+                                       dist.P2POp(dist.irecv, recv, before, group)])
         for r in reqs:
             r.wait()
     return ring, 4 * elems
@@ -85,11 +84,22 @@ def _slowest(t: float, torch, device=None, op: str = "MAX") -> float:
     return float(x.item())
 
 
+class Team(NamedTuple):
+    """The ranks one timed collective spans (global ranks) and their process group (None: the world)."""
+    members: list
+    group: object
+
+
+# With more ranks than calibrate's smallest run, CPU collectives are also timed over pairs of ranks,
+# every pair at once (key "2@<ranks>"): a dp 2 x tp 2 step's 2-rank collectives run while the node's
+# other ranks run theirs and compute, so they share the cores (comm.collective_link reads the pair
+# figure at that sharing; docs/notes.md#cpu-shared-pairs).
+PAIR = 2
+
+
 def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str, backend: str = "gloo") -> None:
     import torch
     import torch.distributed as dist
-
-    from harness.tools.device_timing import sync
 
     torch.set_num_threads(1)
     device = torch.device("cpu")
@@ -98,11 +108,45 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str,
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
     rank, n = dist.get_rank(), dist.get_world_size()
+    teams = {str(n): Team(list(range(n)), None)}
+    if device.type == "cpu" and n > PAIR and n % PAIR == 0:
+        pairs = [dist.new_group(list(range(i, i + PAIR))) for i in range(0, n, PAIR)]  # every rank makes every group
+        first = rank // PAIR * PAIR
+        teams[f"{PAIR}@{n}"] = Team(list(range(first, first + PAIR)), pairs[rank // PAIR])
+    per_team = len(COLLECTIVES) * len(sizes) + (len(IN_STEP) * len(sizes) if device.type == "cpu" else 0)
+    progress = _Progress(progress_path, len(teams) * per_team, rank)
+    by_key = {key: _time_team(team, sizes, budget_s, torch, device, progress) for key, team in teams.items()}
+    overlap = None if device.type == "cpu" else _overlap(torch, device, n)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"world_size": n, "results": by_key.pop(str(n)), "overlap": overlap,
+                                              "teams": {key: {"ranks": PAIR, "results": r} for key, r in by_key.items()}}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class _Progress:
+    """rank 0 writes "done total" for the parent's progress bar."""
+
+    def __init__(self, path: str, total: int, rank: int):
+        self.path, self.total, self.rank, self.done = path, total, rank, 0
+
+    def step(self) -> None:
+        self.done += 1
+        if self.rank == 0:
+            Path(self.path).write_text(f"{self.done} {self.total}")
+
+
+def _time_team(team: Team, sizes: list[int], budget_s: float, torch, device, progress: _Progress) -> dict:
+    """Every collective at every size over the rank's team, every team at once: {name: [row per size]}.
+    Counts and the reported time are agreed over the whole world (every rank takes part in each step)."""
+    import torch.distributed as dist
+
+    from harness.tools.device_timing import sync
+
     results: dict = {}
-    done, total = 0, len(COLLECTIVES) * len(sizes)
     for coll in COLLECTIVES:
         for size in sizes:
-            call, nbytes = _buffers(coll, size, n, torch, device)
+            call, nbytes = _buffers(coll, size, torch, device, team)
             fn = call if device.type == "cpu" else (lambda call=call: (call(), sync(device)))  # till the GPU is done
             fn()  # warm-up (connection set-up, allocation)
             dist.barrier()
@@ -119,32 +163,29 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str,
             # the median, not the mean: on a shared machine one preempted iteration would set the mean
             t = _slowest(statistics.median(times), torch, device)
             results.setdefault(coll, []).append({"bytes": nbytes, "time_s": t, "iters": iters})
-            done += 1
-            if rank == 0:
-                Path(progress_path).write_text(f"{done} {total}")
-    overlap = None
+            progress.step()
     if device.type == "cpu":
         for coll, name in IN_STEP.items():
-            results[name] = [_in_step(coll, size, n, budget_s, torch) for size in sizes]
-    else:
-        overlap = _overlap(torch, device, n)
-    if rank == 0:
-        Path(out_path).write_text(json.dumps({"world_size": n, "results": results, "overlap": overlap}))
-    dist.barrier()
-    dist.destroy_process_group()
+            results[name] = []
+            for size in sizes:
+                results[name].append(_in_step(coll, size, team, budget_s, torch))
+                progress.step()
+    return results
 
 
-def _in_step(coll: str, size: int, n: int, budget_s: float, torch) -> dict:
-    """One size of coll's IN_STEP: rounds of (iterations of the burst then the functional collective, and
-    iterations of the burst alone, every rank at once); the time added = the first's median minus
-    the second's, each rank's, averaged over the ranks. Bytes as nccl-tests counts them (_buffers)."""
+def _in_step(coll: str, size: int, team: Team, budget_s: float, torch) -> dict:
+    """One size of coll's IN_STEP over the rank's team: rounds of (iterations of the burst then the
+    functional collective, and iterations of the burst alone, every rank at once); the time added = the
+    first's median minus the second's, each rank's, averaged over all ranks. Bytes as nccl-tests counts
+    them (_buffers)."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
     m, k, c = BURST_SHAPE
     a, b = torch.randn(m, k), torch.randn(k, c)
+    n = len(team.members)
     elems = _elems(coll, size, n)
-    group = dist.group.WORLD
+    group = team.group or dist.group.WORLD
     x = torch.ones(elems // n if coll == "all_gather" else elems)
     functional = {"all_reduce": lambda: funcol.all_reduce(x, "sum", group),
                   "all_gather": lambda: funcol.all_gather_tensor(x, 0, group),
@@ -176,7 +217,8 @@ def _in_step(coll: str, size: int, n: int, budget_s: float, torch) -> dict:
     # more ranks than cores a waiting rank's core computes for another, and noise can cancel the rest.
     added = torch.tensor([statistics.median(cycles) - statistics.median(bursts)], dtype=torch.float64)
     dist.all_reduce(added)
-    return {"bytes": 4 * elems, "time_s": max(float(added.item()) / n, 1e-6), "iters": 4 * per_round}
+    return {"bytes": 4 * elems, "time_s": max(float(added.item()) / dist.get_world_size(), 1e-6),
+            "iters": 4 * per_round}
 
 
 OVERLAP_GEMM, OVERLAP_GATHER_BYTES, OVERLAP_ROUNDS = 8192, 256 * 2**20, 3
@@ -218,70 +260,6 @@ def _overlap(torch, device, n: int) -> dict:
         slow.append(with_comm / alone - 1.0)
     mean = _slowest(statistics.median(slow), torch, device, op="SUM") / n
     return {"slowdown": mean, "gemm": [m, m, m], "gather_bytes": elems * out.element_size(), "rounds": OVERLAP_ROUNDS}
-
-
-# -- the parent ---------------------------------------------------------------------------------
-
-def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Fit t = α + x / B to (x = factor * bytes, t seconds), least squares in relative error:
-    minimise Σ ((α + x_i β - t_i) / t_i)^2 over α >= 0 and β = 1/B > 0. Returns (α s, B bytes/s)."""
-    w = [1.0 / t**2 for _, t in points]
-    sw = sum(w)
-    sx = sum(wi * x for wi, (x, _) in zip(w, points))
-    sxx = sum(wi * x * x for wi, (x, _) in zip(w, points))
-    st = sum(wi * t for wi, (_, t) in zip(w, points))
-    sxt = sum(wi * x * t for wi, (x, t) in zip(w, points))
-    det = sw * sxx - sx * sx
-    if det <= 0:
-        x, t = max(points)
-        return 0.0, x / t
-    alpha = (sxx * st - sx * sxt) / det
-    beta = (sw * sxt - sx * st) / det
-    if alpha > 0 and beta > 0:
-        return alpha, 1.0 / beta
-    # Noise (a loaded machine: the 8 B message slower than the 1 MB one) left no physical line. Every
-    # message pays α, so the shortest time measured bounds it from above and is its best estimate here;
-    # β from the weighted ratio of what remains, and no bandwidth above what some message achieved.
-    alpha = min(t for _, t in points)
-    beta = sum(wi * x * max(t - alpha, 0.0) for wi, (x, t) in zip(w, points)) / sxx
-    fastest = max(x / t for x, t in points)
-    return alpha, min(1.0 / beta, fastest) if beta > 0 else fastest
-
-
-def run_collectives(n: int, sizes, budget_s: float, on_poll, backend: str = "gloo") -> dict:
-    """Start the worker on n ranks with torchrun; return its results."""
-    with tempfile.TemporaryDirectory(prefix="brigade-calibrate-") as tmp:
-        out, progress = Path(tmp) / "out.json", Path(tmp) / "progress"
-        env = {**os.environ, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                "-m", "harness.tools.calibrate_collectives", str(out), ",".join(map(str, sizes)), str(budget_s), str(progress),
-                backend]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                start_new_session=True)
-        t0 = time.monotonic()
-        while proc.poll() is None:
-            try:
-                done, total = map(int, progress.read_text().split())  # may be mid-write: skip then
-                on_poll(done, total)
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() - t0 > 600:
-                proc.kill()
-                raise RuntimeError(f"collective calibration at {n} ranks took over 600 s")
-            time.sleep(0.2)
-        log = proc.stdout.read().decode(errors="replace")
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"torchrun at {n} ranks failed (exit {proc.returncode}):\n{log[-3000:]}")
-        return json.loads(out.read_text())
-
-
-def summarise(coll: str, n: int, rows: list[dict]) -> dict:
-    f = FACTOR[coll](n)
-    alpha, bw = fit_alpha_beta([(f * r["bytes"], r["time_s"]) for r in rows])
-    return {"bus_bw_GBps": round(bw / 1e9, 4), "latency_us": round(alpha * 1e6, 1),
-            "busbw_GBps_by_bytes": {str(r["bytes"]): round(f * r["bytes"] / r["time_s"] / 1e9, 4) for r in rows},
-            "time_us_by_bytes": {str(r["bytes"]): round(r["time_s"] * 1e6, 1) for r in rows}}
 
 
 if __name__ == "__main__":

@@ -122,14 +122,15 @@ def triad_GBps(mib: int, reps: int, device) -> float:
 def nccl_figures(gpus: int, mode: dict) -> tuple[dict, dict, dict]:
     """(collectives by name and rank count, intra_node's {bus_bw_GBps, latency_us} from the all-reduce over
     every GPU, the overlap measurement at every GPU) from NCCL runs at 2 and at `gpus` ranks."""
-    from harness.tools.calibrate_collectives import COLLECTIVES, run_collectives, summarise
+    from harness.tools.calibrate_collectives import COLLECTIVES
+    from harness.tools.calibrate_collectives_fit import run_collectives, tables
 
     collectives: dict = {name: {} for name in COLLECTIVES}
     overlap = None
     for n in sorted({2, gpus}):
         res = run_collectives(n, mode["nccl_sizes"], mode["nccl_budget_s"], lambda done, total: None, backend="nccl")
-        for coll, rows in res["results"].items():
-            collectives[coll][str(n)] = summarise(coll, n, rows)
+        for coll, by_key in tables(res).items():
+            collectives[coll].update(by_key)
         overlap = res["overlap"]  # the last: every GPU at once, as a training step's collectives run
     whole = collectives["all_reduce"][str(gpus)]
     return collectives, {"bus_bw_GBps": whole["bus_bw_GBps"], "latency_us": whole["latency_us"]}, overlap

@@ -240,6 +240,13 @@ def check_profile(path: Path) -> dict:
     return predict(run, validate(run))
 
 
+
+def _group(key: str) -> str:
+    """A collectives key in words: "4" -> "4 ranks", "2@4" -> "pairs of 4 ranks at once"."""
+    n, _, among = key.partition("@")
+    return f"pairs of {among} ranks at once" if among else f"{n} ranks"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__.split("\n\n")[0],
@@ -283,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ar = profile["collectives"]["all_reduce"]
     print(f"wrote {path} in {time.monotonic() - t0:.0f} s: fp32 {profile['achievable_tflops']['fp32'] * 1e3:.1f} "
           f"GFLOP/s, bf16 {profile['achievable_tflops']['bf16'] * 1e3:.2f} GFLOP/s per device; all_reduce "
-          + ", ".join(f"{n} ranks {v['bus_bw_GBps']:.3f} GB/s busbw, {v['latency_us']:.0f} us" for n, v in ar.items())
+          + ", ".join(f"{_group(n)} {v['bus_bw_GBps']:.3f} GB/s busbw, {v['latency_us']:.0f} us" for n, v in ar.items())
           + f"; memory {profile['memory_bw_GBps']:.1f} GB/s; composes as hardware={hardware_option(path)} (single model=tiny predicted {pred['step_time_s'] * 1e3:.1f} ms/step)")
     return 0
 

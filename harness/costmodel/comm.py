@@ -96,12 +96,13 @@ def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
 
 def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: int) -> Link:
     """The link of a collective over n ranks `stride` apart in rank order. Within a node: the
-    calibrated figure at the nearest measured group size (calibration runs on one machine), timed with
-    the nearest number of ranks sharing the cores (time_shared), else the intra-node link. Across nodes: NCCL builds one ring per channel and spreads the channels over the
-    node's NICs, so a group with g ranks on each node drives min(g, NICs) of them at once: its bus
-    bandwidth is that many times one NIC's (inter_node.bus_bw_GBps), up to the intra-node link's
-    (NCCL src/graph/tuning.cc: ring bus bandwidth = channels x per-channel speed; docs/published.md),
-    and its latency grows with the ranks and nodes the ring or tree passes (spanning_latency_s)."""
+    calibrated figure at the nearest measured group size (calibration runs on one machine), timed at
+    the core sharing nearest the step's (time_shared), else the intra-node link. Across nodes: NCCL
+    builds one ring per channel and spreads the channels over the node's NICs, so a group with g ranks
+    on each node drives min(g, NICs) of them at once: its bus bandwidth is that many times one NIC's
+    (inter_node.bus_bw_GBps), up to the intra-node link's (NCCL src/graph/tuning.cc: ring bus bandwidth
+    = channels x per-channel speed; docs/published.md), and its latency grows with the ranks and nodes
+    the ring or tree passes (spanning_latency_s)."""
     if n * stride <= ranks_per_node:
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:

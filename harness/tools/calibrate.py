@@ -240,7 +240,6 @@ def check_profile(path: Path) -> dict:
     return predict(run, validate(run))
 
 
-
 def _group(key: str) -> str:
     """A collectives key in words: "4" -> "4 ranks", "2@4" -> "pairs of 4 ranks at once"."""
     n, _, among = key.partition("@")

@@ -118,8 +118,7 @@ def worker(out_path: str, sizes: list[int], budget_s: float, progress_path: str,
     by_key = {key: _time_team(team, sizes, budget_s, torch, device, progress) for key, team in teams.items()}
     overlap = None if device.type == "cpu" else _overlap(torch, device, n)
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"world_size": n, "results": by_key.pop(str(n)), "overlap": overlap,
-                                              "teams": {key: {"ranks": PAIR, "results": r} for key, r in by_key.items()}}))
+        Path(out_path).write_text(json.dumps({"world_size": n, "results": by_key, "overlap": overlap}))
     dist.barrier()
     dist.destroy_process_group()
 

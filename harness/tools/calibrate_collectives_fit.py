@@ -71,14 +71,12 @@ def run_collectives(n: int, sizes, budget_s: float, on_poll, backend: str = "glo
 
 
 def tables(res: dict) -> dict:
-    """{collective: {key: summary}} of one run_collectives result: key "<ranks>" for the whole world,
-    "2@<ranks>" for the pairs timed at once (worker)."""
-    n = res["world_size"]
+    """{collective: {key: summary}} of one run_collectives result, keyed as the worker timed them:
+    "<n>" over all n ranks, "2@<n>" over the pairs at once; the group size is the key's first number."""
     out: dict = {}
-    for key, ranks, results in [(str(n), n, res["results"])] + [
-            (k, t["ranks"], t["results"]) for k, t in (res.get("teams") or {}).items()]:
+    for key, results in res["results"].items():
         for coll, rows in results.items():
-            out.setdefault(coll, {})[key] = summarise(coll, ranks, rows)
+            out.setdefault(coll, {})[key] = summarise(coll, int(key.partition("@")[0]), rows)
     return out
 
 

@@ -248,3 +248,14 @@ def test_pairs_of_ranks_are_timed_at_once_beside_the_whole_world():
     # progress counts every timing of both teams (2 sizes each), so the bar ends where the work does
     assert polls and {total for _, total in polls} == {2 * (len(COLLECTIVES) + len(IN_STEP)) * 2}, polls
     assert all(done <= total for done, total in polls)
+
+
+def test_an_output_that_could_not_compose_is_refused_before_measuring(tmp_path):
+    """A profile composes as hardware=<name> only from a folder named hardware: --output elsewhere is
+    refused at once with the path that would work, instead of after minutes of measuring."""
+    path = tmp_path / "profiles" / "my_box.yaml"
+    out = subprocess.run([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "--quick", "--output", str(path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"--output {tmp_path / 'profiles' / 'hardware' / 'my_box.yaml'}" in out.stderr
+    assert "matmul" not in out.stderr + out.stdout and not path.exists()  # nothing was measured or written

@@ -257,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "git, selected as hardware=local/<name>); elsewhere its folder "
                                                   "must be named hardware to compose")
     args = p.parse_intermixed_args(argv)
-    from harness.config import compose_run
-    from harness.config import as_dict
+    from harness.config import as_dict, compose_run
 
     base = as_dict(compose_run(args.overrides))["hardware"]
     gpu = base["device"] != "cpu"
@@ -272,8 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     name = args.name or default_name(base["name"])
     path = Path(args.output) if args.output else HW_DIR / LOCAL / f"{name}.yaml"
-    if path.stem != name:
-        name = path.stem  # `hardware=<stem>` is how it is composed
+    name = path.stem  # `hardware=<stem>` is how it is composed
+    if path.parent.name != "hardware" and not path.resolve().is_relative_to(HW_DIR.resolve()):  # before measuring
+        p.error(f"--output {path}: a profile composes as hardware=<name> only from a folder named hardware, "
+                f"e.g. --output {path.parent / 'hardware' / path.name}")
     t0 = time.monotonic()
     if gpu:
         profile = calibrate_gpu.calibrate(base, name, calibrate_gpu.QUICK if args.quick else calibrate_gpu.FULL)

@@ -7,8 +7,10 @@
 #   COMPILE=true scripts/gpu_check.sh         # also with torch.compile (workload.compile=true)
 #   CALIBRATE=false scripts/gpu_check.sh      # skip step 0 (about 2 minutes)
 #
-# Needs a CUDA build of torch in .venv (install it before `make install`: see README) and, for the
-# NVML memory reading, nvidia-ml-py (installed here if missing). What it runs:
+# The python: $PY if set; else .venv's (install your CUDA build of torch before `make install`: see README);
+# else, on a GPU machine that reaches no package registry, python3's own CUDA torch with the wheels that
+# scripts/gpu_wheels.sh made where pip works (.whl/, copied along). For the NVML memory reading it needs
+# nvidia-ml-py (installed if missing and pip reaches a registry; left out if not). What it runs:
 #   0. python -m harness.calibrate hardware=$HW on cuda:0 (harness/tools/calibrate_gpu.py): GEMMs by shape
 #      after a soak, memory and element-wise bandwidth, the fused attention's forward and backward ->
 #      conf/hardware/local/${HW}_measured.yaml, printed beside the cited profile's figures
@@ -19,18 +21,41 @@
 #      and the single-device steps predicted again on the measured profile of step 0
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+if [ -z "${PY:-}" ] && [ -x .venv/bin/python ]; then
+  PY=.venv/bin/python
+elif [ -z "${PY:-}" ] && [ -f "${WHEELS:=.whl}/requirements.txt" ]; then
+  # pip resolves brigade's roots against python3's own packages and names what is missing or refused by a
+  # pin; only those go, from .whl/, into a folder of their own on PYTHONPATH: python3's environment (its
+  # torch, numpy, CUDA libraries) is not changed
+  PY=python3
+  SITE=${SITE:-/tmp/brigade-site}
+  $PY -m pip install -q --no-index --find-links "$WHEELS" --dry-run --report "$SITE.json" -r "$WHEELS/requirements.txt"
+  NEED=$($PY - "$SITE.json" <<'EOF'
+import json, sys
+print(" ".join(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.load(open(sys.argv[1]))["install"]))
+EOF
+)
+  [ -z "$NEED" ] || $PY -m pip install -q --no-index --find-links "$WHEELS" --no-deps --target "$SITE" $NEED
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  echo "== python3 $($PY -c 'import sys; print(sys.version.split()[0])'); from $WHEELS/ into $SITE: ${NEED:-nothing}"
+fi
+[ -n "${PY:-}" ] || { echo "no .venv/bin/python and no .whl/: run 'make install' (after installing a CUDA torch), or scripts/gpu_wheels.sh where pip works and copy .whl/ here" >&2; exit 1; }
 HW=${HW:-h100_sxm}
 COMPILE=${COMPILE:-false}
 RESULTS=${RESULTS:-results}
 LOGGER=${LOGGER:-wandb}   # W&B offline by default; LOGGER=none for none
 
-NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
-if [ "$NGPU" -lt 1 ]; then
-  echo "no CUDA device visible to torch $($PY -c 'import torch; print(torch.__version__)'): install a CUDA build of torch into $PY's environment first" >&2
+if ! TORCH=$($PY -c "import torch; print(torch.__version__)" 2>/dev/null); then
+  echo "$PY has no torch: install a CUDA build of torch into its environment first" >&2
   exit 1
 fi
-$PY -c "import pynvml" 2>/dev/null || $PY -m pip install -q nvidia-ml-py==13.615.71
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$NGPU" -lt 1 ]; then
+  echo "no CUDA device visible to torch $TORCH: install a CUDA build of torch into $PY's environment first" >&2
+  exit 1
+fi
+$PY -c "import pynvml" 2>/dev/null || $PY -m pip install -q nvidia-ml-py==13.615.71 \
+  || echo "== no nvidia-ml-py: the NVML memory and SM clock readings are left out" >&2
 echo "== $NGPU GPU(s): $($PY -c 'import torch; print(torch.cuda.get_device_name(0))'), hardware profile $HW, compile=$COMPILE"
 
 # 0. the device's own figures, beside the cited ones the predictions below use

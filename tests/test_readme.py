@@ -35,7 +35,8 @@ SKIP = {"make demo": "the full default study (12 min); `make demo` is run by han
         "launch/slurm/": "needs the local SLURM cluster (tests/test_slurm.py starts one and runs these)",
         "launcher=slurm": "needs the local SLURM cluster (tests/test_slurm.py)", "export SLURM_CONF": "SLURM",
         "python3 -m venv": "installs a CUDA torch (GPU machines)",
-        "harness.calibrate hardware=h100_sxm": "measures a CUDA device (tests/test_calibrate.py runs its path on this CPU)"}
+        "harness.calibrate hardware=h100_sxm": "measures a CUDA device (tests/test_calibrate.py runs its path on this CPU)",
+        "scripts/gpu_check.sh": "needs a CUDA device (tests/test_gpu_scripts.py runs its offline set-up on this CPU)"}
 
 
 def readme_commands() -> list[tuple[str, str]]:

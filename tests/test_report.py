@@ -184,6 +184,18 @@ def _png_ok(path: Path) -> tuple[int, int]:
     return w, h
 
 
+def test_a_chart_with_nothing_to_draw_says_so_without_a_legend_warning(tmp_path):
+    """A study of single-device runs: communication is 0 for every run, measured and predicted."""
+    import warnings
+
+    from harness.report import png
+
+    series = {"axes": ["dp"], "rows": [{"label": "single", "measured": {"dp": 0.0}, "predicted": {"dp": 0.0}}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when legend() finds no labelled artist
+        _png_ok(png.comm(series, tmp_path / "comm.png"))
+
+
 @pytest.mark.slow
 def test_the_sweep_writes_the_report_and_prints_its_path_last(study):
     recs = study["records"]

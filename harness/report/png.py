@@ -55,6 +55,7 @@ def _measured_vs_predicted_bars(labels: list[str], stacks: dict, title: str, yla
     stacks: {side: [(name, colour, values per label)]}; a stack with no value is left out."""
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels) + 2), 4))
     width = 0.38
+    drawn = False
     for k, (side, hatch) in enumerate((("measured", ""), ("predicted", "//"))):
         bottom = [0.0] * len(labels)
         xs = [i + (k - 0.5) * width for i in range(len(labels))]
@@ -64,9 +65,13 @@ def _measured_vs_predicted_bars(labels: list[str], stacks: dict, title: str, yla
             ax.bar(xs, ys, width, bottom=bottom, color=colour, hatch=hatch, edgecolor="#333", linewidth=0.5,
                    label=f"{name} ({side})")
             bottom = [b + y for b, y in zip(bottom, ys)]
+            drawn = True
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
     ax.set(title=title, ylabel=ylabel)
-    ax.legend(fontsize=7, ncol=2)
+    if drawn:
+        ax.legend(fontsize=7, ncol=2)
+    else:  # e.g. communication in a study of single-device runs: every value is 0
+        ax.text(0.5, 0.5, "every value is 0 or not recorded", ha="center", va="center", transform=ax.transAxes)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 

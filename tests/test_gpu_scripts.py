@@ -1,0 +1,49 @@
+"""scripts/gpu_wheels.sh and the offline set-up of scripts/gpu_check.sh, on this CPU.
+
+A GPU machine that reaches no package registry gets brigade's dependencies as wheels made here. The
+python there is stood in for by the interpreter this repository's .venv was made from (no torch, none of
+brigade's dependencies): the set-up must install what it lacks from the wheels alone, then stop at the
+missing torch with a sentence, not a traceback.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_wheels_made_here_install_offline_beside_a_bare_python(tmp_path):
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    ver = subprocess.run([base, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    wheels, site = tmp_path / "whl", tmp_path / "site"
+    made = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=REPO, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "DEST": str(wheels), "PYVER": ver})
+    assert made.returncode == 0, made.stdout + made.stderr
+    roots = (wheels / "requirements.txt").read_text().split()
+    assert "hydra-core==1.3.8" in roots and any(r.startswith("wandb==") for r in roots)
+    assert not list(wheels.glob("torch-*")) and not list(wheels.glob("numpy-*"))  # the GPU machine's own
+
+    bin_dir = tmp_path / "bin"  # `python3` is the bare interpreter, as on the GPU machine
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(base)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", WHEELS=str(wheels), SITE=str(site), PIP_NO_INDEX="1")
+    copy = tmp_path / "repo" / "scripts"  # the script alone, in a folder without .venv
+    copy.mkdir(parents=True)
+    (copy / "gpu_check.sh").write_text((REPO / "scripts" / "gpu_check.sh").read_text())
+    p = subprocess.run(["bash", str(copy / "gpu_check.sh")], capture_output=True, text=True, timeout=300, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert f"from {wheels}/ into {site}: hydra-core==1.3.8" in out, out
+    assert "python3 has no torch: install a CUDA build of torch" in out and "Traceback" not in out, out
+    imported = subprocess.run([base, "-c", "import hydra, omegaconf, submitit, wandb, plotly; print(hydra.__version__)"],
+                              capture_output=True, text=True, env={**env, "PYTHONPATH": str(site)})
+    assert imported.stdout.strip() == "1.3.8", imported.stderr

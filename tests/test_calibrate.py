@@ -181,6 +181,7 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     assert pred["step_time_s"] > 100 * cited["step_time_s"]  # GFLOP/s of a CPU core against an H100's TFLOP/s
     summary = calibrate_gpu.summary(prof, base, f"wrote {path}", pred)
     assert "bf16 GEMM rate per shape (8 shapes)" in summary and "attention_backward_efficiency.bf16" in summary
+    assert "device memory: 80 GiB | 80 | 1.000" in summary  # a CPU keeps the base's; a GPU's own total_memory
 
 
 def test_calibrating_a_gpu_profile_without_a_gpu_is_refused_with_the_reason():

@@ -183,6 +183,10 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
             f"- 1, median of {overlap['rounds']} rounds, mean over the ranks: {overlap['slowdown']:.3f}")
     if attn_f:
         compute.update({"attention_efficiency": attn_f, "attention_backward_efficiency": attn_b})
+    if dev.type == "cuda":  # what the device holds, not the datasheet's round figure: what fits is decided by it
+        prof["memory_GiB"] = round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 2)
+        source["memory_GiB"] = (f"torch.cuda.get_device_properties().total_memory on {label}; hardware="
+                                f"{base_hw['name']} says {base_hw['memory_GiB']}")
     when = time.strftime("%Y-%m-%d %H:%M:%S %z")
     sweep = (f"{len(mode['grid']) ** 3} shapes, M, N, K in {list(mode['grid'])}, a dot (M x K) @ (K x N) of random "
              f"operands, CUDA events around calls back to back, median of {mode['rounds']} interleaved rounds of "
@@ -230,6 +234,8 @@ def summary(profile: dict, base: dict, written: str, pred: dict) -> str:
     lines.append(f"  bf16 GEMM rate per shape ({len(ratios)} shapes): median {ratios[len(ratios) // 2]:.3f}, "
                  f"{ratios[0]:.3f}-{ratios[-1]:.3f}"
                  + (f"; every dimension >= 2048: median {sorted(big)[len(big) // 2]:.3f}" if big else ""))
+    lines.append(f"  device memory: {profile['memory_GiB']:g} GiB | {base['memory_GiB']:g} | "
+                 f"{profile['memory_GiB'] / base['memory_GiB']:.3f}")
     lines.append(f"  memory bandwidth: {profile['memory_bw_GBps']:.0f} GB/s | {base.get('memory_bw_GBps', 0):.0f} | "
                  f"{profile['memory_bw_GBps'] / max(base.get('memory_bw_GBps') or 1, 1):.3f}")
     c, bc = profile["compute"], base["compute"]

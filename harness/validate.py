@@ -21,6 +21,14 @@ def available_strategies() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml") if p.stem in catalog.STRATEGIES)
 
 
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the torch the launcher will run, read from its metadata (importing torch takes seconds)."""
+    from importlib.metadata import version
+
+    major, minor = version("torch").split(".")[:2]
+    return int(major), int(minor)
+
+
 def num_microbatches(run: RunConfig, dims: ParallelDims) -> int:
     w = run.workload
     per_step = dims.dp * w.micro_batch_size  # cp ranks share their dp rank's sequences
@@ -115,7 +123,7 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
         raise ConfigError(f"comm_hook bf16 needs NCCL (CUDA); hardware {hw.name} uses gloo: use fp16 or powersgd")
 
     if "pp" in axes and dims.pp > 1:
-        _validate_pipeline(run, dims, nmb)
+        _validate_pipeline(run, dims, nmb, torch_runs)
     if s.engine == "deepspeed":
         _validate_deepspeed(run, dims)
     if s.offload not in ("none", "optimizer", "optimizer+params"):
@@ -165,7 +173,7 @@ def _validate_llama_options(m, dims: ParallelDims) -> None:
                           f"model.tie_embeddings=false")
 
 
-def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
+def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int, torch_runs: bool = True) -> None:
     s = run.strategy
     if s.schedule not in catalog.SCHEDULES:
         raise ConfigError(f"unknown schedule '{s.schedule}'; available: {', '.join(catalog.SCHEDULES)}")
@@ -179,6 +187,14 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int) -> None:
         raise ConfigError(f"schedule {s.schedule} needs vpp >= 2 virtual stages per rank (got {dims.vpp})")
     if need == 2 and dims.vpp != 2:
         raise ConfigError(f"schedule {s.schedule} is V-shaped: vpp must be 2 (got {dims.vpp})")
+    if torch_runs and s.engine == "torch" and row.placement == "v" and run.hardware.device != "cuda":
+        # torch 2.11's schedules.py _initialize_stages sends from the rank holding stages 1 and 2 to itself; gloo
+        # refuses ("Pair is not connected"); 2.12 and 2.13 do not (docs/notes.md#gpu-offline)
+        have = torch_version()
+        if have < (2, 12):
+            raise ConfigError(f"schedule {s.schedule} on gloo ({run.hardware.name}) needs torch >= 2.12: torch "
+                              f"{'.'.join(map(str, have))} opens a V-shaped pipeline with a send from a rank to itself, "
+                              f"which gloo refuses; use 1f1b or interleaved_1f1b, or torch 2.13.0 (requirements.txt)")
     stages = dims.pp * dims.vpp
     w = run.workload
     m_math = (f"num_microbatches {nmb} = global_batch_size {w.global_batch_size} / (dp {dims.dp} * "

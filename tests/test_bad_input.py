@@ -133,6 +133,20 @@ def test_cuda_hardware_without_cuda_devices_is_refused_before_launch(tmp_path):
     assert "runs one CUDA device per rank: 1 rank(s) need 1 device(s), this machine has 0" in record["error"]
 
 
+@pytest.mark.parametrize("schedule", ["zbv_zero_bubble", "dualpipev"])
+def test_a_v_shaped_pipeline_on_gloo_under_torch_2_11_is_refused_before_launch(tmp_path, monkeypatch, schedule):
+    """torch 2.11 opens it with a send from a rank to itself, which gloo refuses (docs/notes.md#gpu-offline)."""
+    from harness import validate
+
+    cfg = compose_config(["model=tiny", "strategy=pp", "parallel.pp=2", "parallel.vpp=2",
+                          f"strategy.schedule={schedule}", "workload.micro_batch_size=1"], tmp_path)
+    assert prelaunch(cfg) is None  # the pinned torch runs it
+    monkeypatch.setattr(validate, "torch_version", lambda: (2, 11))
+    record = prelaunch(cfg)
+    assert f"schedule {schedule} on gloo (cpu) needs torch >= 2.12: torch 2.11 opens" in record["error"], record
+    validate.validate(to_run_config(cfg), torch_runs=False)  # the cost model still predicts it
+
+
 class _Dims:
     def __init__(self, world):
         self.world_size = world

@@ -25,7 +25,7 @@ def test_wheels_made_here_install_offline_beside_a_bare_python(tmp_path):
                          capture_output=True, text=True, check=True).stdout.strip()
     wheels, site = tmp_path / "whl", tmp_path / "site"
     made = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=REPO, capture_output=True, text=True, timeout=500,
-                          env={**os.environ, "DEST": str(wheels), "PYVER": ver})
+                          env={**os.environ, "DEST": str(wheels), "PYVER": ver, "PY": sys.executable})
     assert made.returncode == 0, made.stdout + made.stderr
     roots = (wheels / "requirements.txt").read_text().split()
     assert "hydra-core==1.3.8" in roots and any(r.startswith("wandb==") for r in roots)

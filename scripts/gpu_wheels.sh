@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Wheels for a GPU machine that cannot reach a package registry but has python3 with a CUDA build of torch
 # (a cluster's compute node, or a lent device). Run here, where pip reaches PyPI; then copy .whl/ along with
-# the repository. scripts/gpu_check.sh installs them there, offline, into a venv beside that python's own
-# packages (`--system-site-packages`): pip takes a carried wheel only for what that python lacks or holds at a
-# version brigade's pins refuse, so its torch, numpy and CUDA libraries stay as they are.
+# the repository. scripts/gpu_check.sh installs them there, offline, into a folder of its own on PYTHONPATH:
+# pip takes a carried wheel only for what that python lacks or holds at a version brigade's pins refuse, so
+# its torch, numpy and CUDA libraries stay as they are.
 #
 #   scripts/gpu_wheels.sh                    # for Python 3.12 on x86-64 Linux (PYVER=3.11 for another)
 #
@@ -20,10 +20,10 @@ DEST=${DEST:-.whl}
 
 # the closure of the roots, as name==version lines, from the installed distributions' metadata
 ROOTS="hydra-core omegaconf hydra-submitit-launcher submitit wandb plotly rich pyyaml"
-PINS=$($PY - $ROOTS <<'EOF'
+PINS=$($PY - "$PYVER" $ROOTS <<'EOF'
 import importlib.metadata as md, re, sys
 from packaging.requirements import Requirement
-seen, stack = {}, sys.argv[1:]
+pyver, stack, seen = sys.argv[1], sys.argv[2:], {}
 while stack:
     name = re.sub(r"[-_.]+", "-", stack.pop()).lower()
     if name in seen:
@@ -32,7 +32,7 @@ while stack:
     seen[name] = dist.version
     for r in dist.requires or []:
         req = Requirement(r)
-        if not req.marker or req.marker.evaluate({"extra": "", "python_version": "3.12"}):
+        if not req.marker or req.marker.evaluate({"extra": "", "python_version": pyver}):
             stack.append(req.name)
 print("\n".join(f"{n}=={v}" for n, v in sorted(seen.items())))
 EOF
@@ -50,5 +50,5 @@ done
 # what gpu_check.sh asks pip for there: the roots at their pins (pip resolves the rest from the wheels)
 for root in $ROOTS; do grep -i "^$root==" <<<"$PINS"; done >"$DEST/requirements.txt"
 n=$(ls "$DEST"/*.whl | wc -l)
-echo "$n wheels in $DEST ($(du -sh "$DEST" | cut -f1)) for Python $PYVER; with a lent device: run(command='scripts/gpu_check.sh', carry=['$DEST'])"
+echo "$n wheels in $DEST ($(du -sh "$DEST" | cut -f1)) for Python $PYVER: copy $DEST/ along with the repository; scripts/gpu_check.sh installs from it"
 [ "$n" -eq "$(wc -w <<<"$PINS")" ] || { echo "expected $(wc -w <<<"$PINS") wheels" >&2; exit 1; }

@@ -14,10 +14,14 @@
 #   0. python -m harness.calibrate hardware=$HW on cuda:0 (harness/tools/calibrate_gpu.py): GEMMs by shape
 #      after a soak, memory and element-wise bandwidth, the fused attention's forward and backward ->
 #      conf/hardware/local/${HW}_measured.yaml, printed beside the cited profile's figures
-#   1. gpu_single: strategy=single, bf16-mixed, model gpt2_124m and gpt_1_3b (10 timed steps each,
-#      step time from CUDA events, peak memory from max_memory_allocated/reserved and NVML, comm 0)
+#   1. gpu_single: strategy=single, bf16-mixed, model gpt2_124m and gpt_1_3b, and a Llama 3 8B cut to 8 of
+#      its 32 blocks (its GEMM shapes, GQA, SwiGLU, RMSNorm, RoPE at s=8192: the eager Llama stack whose H100
+#      throughput the model over-predicts, docs/published.md); 10 timed steps each, step time from CUDA
+#      events, peak memory from max_memory_allocated/reserved and NVML, comm 0; 2 profiled steps split
+#      the compute into GEMM, attention, element-wise and optimizer kernels (harness/collect/compute_classes.py)
 #   2. with 4 or more GPUs: experiment=dp_vs_3d on this hardware (NCCL; comm share from NCCL kernels)
-#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.fidelity),
+#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.fidelity)
+#      and the compute by kind of work, measured beside predicted (python -m harness.fidelity prints both),
 #      and the single-device steps predicted again on the measured profile of step 0
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +79,11 @@ COMPILES=false
 $PY -m harness -m study=gpu_single hardware="$HW" strategy=single "model=gpt2_124m,gpt_1_3b" \
   workload.precision=bf16-mixed workload.global_batch_size=8 workload.micro_batch_size=4 \
   "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS"
+# a Llama block as the published Llama runs have it: one sequence of 8192 per micro-batch, 4 per step
+# (68.5 GiB predicted on 80 GB)
+$PY -m harness -m study=gpu_single hardware="$HW" strategy=single model=llama3_8b model.n_layers=8 \
+  workload.precision=bf16-mixed workload.global_batch_size=4 workload.micro_batch_size=1 \
+  "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS"
 
 # 2. several devices: the parallel strategies side by side (world 4), on this hardware.
 if [ "$NGPU" -ge 4 ]; then
@@ -124,6 +133,7 @@ for r in latest_by_run_id(read(Path(sys.argv[1]) / "gpu_single.jsonl")).values()
         continue
     c = r["config"]
     run = compose_run([f"hardware={sys.argv[2]}", "strategy=single", f"model={c['model']['name']}", "logger=none",
+                       f"model.n_layers={c['model']['n_layers']}", f"model.seq_len={c['model']['seq_len']}",
                        *(f"workload.{k}={c['workload'][k]}" for k in ("precision", "global_batch_size", "micro_batch_size"))])
     again = predict(run, validate(run))["step_time_s"]
     m, p = r["measured"]["step_time_s"], r["predicted"]["step_time_s"]

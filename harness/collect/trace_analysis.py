@@ -48,6 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness import catalog
+from harness.collect import compute_classes
 from harness.collect.comm_names import bus_bytes, collective_name, dtype_bytes, numel
 from harness.collect.flight_recorder import attribute, flight_entries, inside, pg_axis
 from harness.collect.intervals import intersect, length, subtract, union
@@ -105,6 +106,8 @@ def analyse(trace: dict) -> dict:
            "comm_share_pct": 100 * comm_s / step_s if step_s else 0.0,
            "comm_exposed_pct": 100 * (comm_s - overlap_s) / step_s if step_s else 0.0,
            "device": "cuda" if cuda else "cpu"}
+    for name, us in compute_classes.split(compute, compute_ev, events, cuda).items():
+        out[f"compute_{name}_time_s"] = us / n_steps / 1e6
 
     entries = flight_entries(trace, events, steps)
     label = attribute(comm_ev, entries, meta, cuda)
@@ -186,7 +189,9 @@ def merge_ranks(per_rank: list[dict]) -> dict:
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     out: dict = {}
     for k in ("comm_share_pct", "comm_exposed_pct", "comm_time_s", "comm_exposed_time_s", "comm_overlapped_time_s",
-              "profiled_step_time_s", "compute_time_s"):
+              "profiled_step_time_s", "compute_time_s", *compute_classes.KEYS):
+        if not all(k in r for r in per_rank):
+            continue  # a profile from before the compute split (stored records)
         vals = [r[k] for r in per_rank]
         out[k] = mean(vals)
         if k.endswith("_pct"):

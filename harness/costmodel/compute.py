@@ -142,16 +142,22 @@ def layer_gemm_time(md, tp: int, tokens: float, curve: GemmCurve, e: int, mem_bw
 @dataclass(slots=True)
 class LayerTimes:
     """Seconds per micro-batch of one layer of the layout's shard (per checkpointing mode) and of the
-    head: compute (GEMMs, attention) and element-wise traffic apart."""
+    head: compute (GEMMs, attention) and element-wise traffic apart; `core` is the attention core's part
+    of `layer` (the measured split's twin, harness/collect/compute_classes.py)."""
     layer: dict
     layer_traffic: dict
     head: float
     head_traffic: float
+    core: dict
 
     def rank_time(self, rank, ckpt: str) -> tuple[float, float]:
         """(compute, element-wise) seconds of one micro-batch on a pipeline rank."""
         return (rank.layers * self.layer[ckpt] + (self.head if rank.last else 0.0),
                 rank.layers * self.layer_traffic[ckpt] + (self.head_traffic if rank.last else 0.0))
+
+    def rank_core(self, rank, ckpt: str) -> float:
+        """Seconds of one micro-batch's attention core (QK^T, AV) on a pipeline rank."""
+        return rank.layers * self.core[ckpt]
 
 
 def microbatch_times(lo, mb: int) -> LayerTimes:
@@ -165,10 +171,13 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     if curve is None or md.E:  # one rate for every FLOP (MoE experts: no shape model yet)
         layer = {c: tokens * pt.layer_flops[c] / lo.matmul_rate for c in pt.layer_flops}
         head = tokens * pt.head_flops / lo.matmul_rate
+        forward = tokens * md.core_flops / pl.tp / lo.matmul_rate  # layout.py's layer_flops count it 3x / 4x
+        cores = {"none": 3 * forward, "selective": 4 * forward, "full": 4 * forward, "selective_op": 3 * forward}
     else:
         gemm, (core, core_forward), head, op_recompute = _shape_times(lo, tokens, curve)
         layer = {"none": gemm + core, "selective": gemm + core + core_forward,
                  "full": gemm * 4 / 3 + core + core_forward, "selective_op": gemm + core + op_recompute}
+        cores = {"none": core, "selective": core + core_forward, "full": core + core_forward, "selective_op": core}
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
     if pl.tp > 1:  # and a DTensor operator its DTensor dispatch; the head and loss parallel's on the last stage
@@ -180,7 +189,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         head += lo.hw.fsdp2["outside_s"] * pl.slowdown
     layer = {c: t + dispatch * (4 / 3 if c in ("full", "selective_op") else 1) for c, t in layer.items()}
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
-    out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0)
+    out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0, cores)
     lo.gemm_cache[mb] = out
     return out
 

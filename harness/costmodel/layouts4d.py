@@ -20,7 +20,8 @@ from harness.costmodel.estimate import overlap_interference_s
 from harness.catalog import PRECISION_BYTES
 
 PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
-             "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s")
+             "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s", "compute_gemm_time_s", "compute_attention_time_s",
+             "compute_elementwise_time_s", "compute_optimizer_time_s")
 
 
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")

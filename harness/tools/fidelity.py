@@ -59,6 +59,33 @@ def table(records: list[dict], best: bool = False) -> str:
     return "\n".join(lines)
 
 
+def compute_table(records: list[dict], best: bool = False) -> str:
+    """Markdown table of the profiled step's compute by kind of work (harness/collect/compute_classes.py):
+    per class measured / predicted seconds and each side's share of its compute; "" where no record was
+    profiled. On a CPU the profiler slows small operators most, so the shares are the fairer figure."""
+    from harness.collect.compute_classes import CLASSES
+    from harness.run.record import latest_by_run_id
+
+    chosen = fastest_by_run_id(records) if best else latest_by_run_id(records)
+    rows = [r for r in chosen.values() if r["status"] == "ok" and "compute_gemm_time_s" in (r.get("measured") or {})]
+    if not rows:
+        return ""
+    head = ["config", "compute s meas / pred"] + [f"{c} meas/pred (share % meas / pred)" for c in CLASSES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r, label in zip(rows, labels(rows)):
+        m, p = r["measured"], r["predicted"]
+        cells = [label, f"{m['compute_time_s']:.4f} / {p.get('compute_time_s', 0):.4f}"]
+        for c in CLASSES:
+            k = f"compute_{c}_time_s"
+            mv, pv = m.get(k, 0.0), p.get(k, 0.0)
+            ratio = f"{mv / pv:.2f}" if pv else "pred 0"
+            share = lambda v, d: f"{100 * v / d['compute_time_s']:.0f}" if d.get("compute_time_s") else "-"  # noqa: E731
+            cells.append(f"{ratio} ({share(mv, m)} / {share(pv, p)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\ncompute by kind of work, from the profiled steps (rank mean); ratio = measured/predicted seconds")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     from harness.run.record import read
 
@@ -69,6 +96,9 @@ def main(argv: list[str]) -> int:
         return 2
     records = [r for path in paths for r in read(path)]
     print(table(records, best))
+    split = compute_table(records, best)
+    if split:
+        print("\n" + split)
     return 0
 
 

@@ -1,0 +1,98 @@
+"""A profiled step's compute split by kind of work: the measured twin of the cost model's compute terms.
+
+Pure Python (no torch), like trace_analysis.py, which calls it with the step's compute intervals.
+
+    attention    the fused attention kernels (FlashAttention, memory-efficient, cuDNN SDPA) and their
+                 backward; on CPU the SDPA operators          <-> predicted compute_attention_time_s
+    gemm         cuBLAS / CUTLASS GEMM kernels (ampere_*gemm*, sm90_xmma_*, nvjet_*, split-K reduce);
+                 on CPU the matmul operators (linear, mm, addmm, bmm and their backward nodes)
+                                                              <-> compute_gemm_time_s
+    optimizer    what runs inside torch's `Optimizer.step#...` annotation: on CPU the operators, on CUDA
+                 the kernels launched from it (matched by the profiler's correlation id)
+                                                              <-> compute_optimizer_time_s
+    elementwise  every other compute interval: norms, activations, residual adds, the loss, casts,
+                 gradient accumulation, FSDP's copies         <-> compute_elementwise_time_s
+
+Each instant of the step's compute union goes to one class, in the order above (an attention operator
+that calls a GEMM inside is attention; a GEMM inside the optimizer's window is a GEMM), so the four add
+up to the profiled `compute_time_s`. Why it matters: the cost model's GPU terms (the GEMM table, the
+attention kernel's fraction of peak, the element-wise bandwidth) were fitted or cited one by one; a
+profiled GPU step says which of them is off (docs/published.md, "What is left"). CPU caveat: the
+profiler slows small operators more than large ones (docs/notes.md#profiler-cost), so on a CPU the
+shares are fairer than the seconds; a CUDA kernel's duration is the device's, not the profiler's.
+Eager attention (model.attention=eager) runs its QK^T and AV as batched GEMMs: measured as gemm, where
+the model counts them as attention.
+"""
+from __future__ import annotations
+
+import re
+
+from harness.collect.intervals import intersect, length, subtract, union
+
+CLASSES = ("attention", "gemm", "optimizer", "elementwise")
+KEYS = tuple(f"compute_{c}_time_s" for c in CLASSES)
+
+_ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|attn|sdpa", re.IGNORECASE)
+_GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass", re.IGNORECASE)
+_ATTENTION_OP = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|ScaledDotProduct", re.IGNORECASE)
+_GEMM_OP = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|linear|matmul|_addmm_activation)$"
+                      r"|\b(Mm|Addmm|Bmm|Baddbmm)Backward")
+_OPTIMIZER = re.compile(r"^Optimizer\.step#")
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def _span(evs):
+    return union((e["ts"], e["ts"] + e["dur"]) for e in evs)
+
+
+def optimizer_window(events: list[dict]) -> list:
+    """The host intervals of torch's optimizer-step annotations (any thread)."""
+    return _span([e for e in events if _OPTIMIZER.match(e.get("name", "")) and e.get("cat") != "gpu_user_annotation"])
+
+
+def _launched_inside(kernels: list[dict], events: list[dict], window: list) -> list[dict]:
+    """The kernels whose launch call (same correlation id) started inside the host window."""
+    if not window:
+        return []
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in _LAUNCH_CATS and "correlation" in e.get("args", {})}
+    starts = [s for s, _ in window]
+    out = []
+    for k in kernels:
+        ts = launches.get(k.get("args", {}).get("correlation"))
+        if ts is None:
+            continue
+        i = _last_start_before(starts, ts)
+        if i >= 0 and ts < window[i][1]:
+            out.append(k)
+    return out
+
+
+def _last_start_before(starts: list[float], ts: float) -> int:
+    lo, hi = 0, len(starts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if starts[mid] <= ts:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def split(compute: list, compute_ev: list[dict], events: list[dict], cuda: bool) -> dict[str, float]:
+    """Microseconds of the compute union `compute` (already clipped to the steps) per class."""
+    if cuda:
+        attention = [e for e in compute_ev if _ATTENTION_KERNEL.search(e["name"])]
+        gemm = [e for e in compute_ev if _GEMM_KERNEL.search(e["name"]) and not _ATTENTION_KERNEL.search(e["name"])]
+        optimizer = _span(_launched_inside(compute_ev, events, optimizer_window(events)))
+    else:
+        attention = [e for e in compute_ev if _ATTENTION_OP.search(e["name"])]
+        gemm = [e for e in compute_ev if _GEMM_OP.search(e["name"])]
+        optimizer = optimizer_window(events)
+    left, out = compute, {}
+    for name, ivs in (("attention", _span(attention)), ("gemm", _span(gemm)), ("optimizer", optimizer)):
+        mine = intersect(left, ivs)
+        out[name] = length(mine)
+        left = subtract(left, mine)
+    out["elementwise"] = length(left)
+    return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 
+from harness import op_kinds
 from harness.collect.intervals import intersect, length, subtract, union
 
 CLASSES = ("attention", "gemm", "optimizer", "elementwise")
@@ -34,9 +35,12 @@ KEYS = tuple(f"compute_{c}_time_s" for c in CLASSES)
 
 _ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|attn|sdpa", re.IGNORECASE)
 _GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass", re.IGNORECASE)
-_ATTENTION_OP = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|ScaledDotProduct", re.IGNORECASE)
-_GEMM_OP = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|linear|matmul|_addmm_activation)$"
-                      r"|\b(Mm|Addmm|Bmm|Baddbmm)Backward")
+# CPU: the aten operators op_kinds.py names, and the outer operators and autograd nodes a trace nests
+# them in (aten::linear -> aten::addmm; `evaluate_function: MmBackward0` -> aten::mm)
+_ATTENTION_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(op_kinds.ATTENTION)]
+                                    + [r"^aten::scaled_dot_product_attention$", r"ScaledDotProduct\w*Backward"]))
+_GEMM_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(op_kinds.GEMM)]
+                               + [r"^aten::(linear|matmul)$", r"\b(Mm|Addmm|Bmm)Backward"]))
 _OPTIMIZER = re.compile(r"^Optimizer\.step#")
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 

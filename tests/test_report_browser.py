@@ -161,9 +161,15 @@ def test_every_mode_shows_the_study_numbers(browser, full_report, tmp_path):
         fail_text = page.locator("#failures-table").inner_text()
         assert "fault injection: rank 1 crashed on purpose" in fail_text and "nosuch" in fail_text
         assert "global_batch_size 8 not divisible" in fail_text
-        page.wait_for_function("document.querySelectorAll('#study-views .js-plotly-plot').length == 4")
-        for fig in ("scaling-tput", "scaling-eff", "memory", "comm"):
+        page.wait_for_function("document.querySelectorAll('#study-views .js-plotly-plot').length == 5")
+        for fig in ("scaling-tput", "scaling-eff", "memory", "comm", "compute"):
             assert page.locator(f'#study-views [data-fig^="fig-{fig}-"].js-plotly-plot').count() == 1, fig
+        # compute by kind of work: every ok run was profiled, each row its measured and predicted shares
+        ok = [r for r in recs if r["status"] == "ok"]
+        assert page.locator("#compute-table tbody tr").count() == len(ok)
+        single = next(r for r in ok if r["strategy"] == "single")
+        m = single["measured"]
+        assert pct(100 * m["compute_gemm_time_s"] / m["compute_time_s"]) in page.locator("#compute-table").inner_text()
         assert "Amdahl" in page.locator("#study-views").inner_text()
         page.screenshot(path=str(tmp_path / "full.png"), full_page=True)
         assert errors == []

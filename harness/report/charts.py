@@ -12,6 +12,7 @@ ACTION_COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#b07aa1", "idle": "rgba(
 PART_COLOURS = {"params_bytes": "#4e79a7", "grads_bytes": "#f28e2b", "optimizer_bytes": "#59a14f",
                 "activations_bytes": "#e15759"}
 AXIS_COLOURS = {"dp": "#4e79a7", "tp": "#e15759", "pp": "#59a14f", "ep": "#b07aa1", "other": "#9c9c9c"}
+KIND_COLOURS = {"attention": "#b07aa1", "gemm": "#4e79a7", "optimizer": "#59a14f", "elementwise": "#edc948"}
 STRATEGY_COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                     "#9c755f", "#bab0ac"]
 MiB = 1024**2
@@ -56,6 +57,24 @@ def memory_series(study: Study) -> dict | None:
         out["measured"][part] = [r.m(part) for r in runs]
         out["predicted"][part] = [r.p(part) for r in runs]
     return out
+
+
+def compute_series(study: Study) -> dict | None:
+    """Per ok run: its compute by kind of work (harness/collect/compute_classes.py) as % of that side's
+    compute, measured (profiled steps; None where the run was not profiled) and predicted."""
+    from harness.collect.compute_classes import CLASSES
+
+    rows = []
+    for r in study.ok_runs:
+        sides = {}
+        for side, get in (("measured", r.m), ("predicted", r.p)):
+            total, parts = get("compute_time_s"), {c: get(f"compute_{c}_time_s") for c in CLASSES}
+            sides[side] = ({c: 100 * v / total for c, v in parts.items()}
+                           if total and all(v is not None for v in parts.values()) else None)
+            sides[f"{side}_s"] = total if sides[side] else None
+        if sides["measured"] or sides["predicted"]:
+            rows.append({"label": r.label, **sides})
+    return {"rows": rows, "kinds": list(CLASSES)} if rows else None
 
 
 def comm_series(study: Study) -> dict | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from harness.report.charts import (ACTION_COLOURS, AXIS_COLOURS, PART_COLOURS, STRATEGY_COLOURS, MiB)
+from harness.report.charts import (ACTION_COLOURS, AXIS_COLOURS, KIND_COLOURS, PART_COLOURS, STRATEGY_COLOURS,
+                                   MiB)
 
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=360,
               font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12),
@@ -50,42 +51,48 @@ def scaling(series: dict) -> tuple[go.Figure, go.Figure]:
     return tput, eff
 
 
-def memory(series: dict) -> go.Figure:
+def paired_stacks(labels: list[str], stacks: dict, title: str, yaxis_title: str, hover: str) -> go.Figure:
+    """Two stacked bars per label, measured (solid) beside predicted (hatched); stacks: {side: [(name,
+    colour, values per label)]}, a stack with no value left out; hover formats a value (%{y:...})."""
     fig = go.Figure()
-    labels = series["labels"]
     for side, pattern in (("measured", ""), ("predicted", "/")):
         base = [0.0] * len(labels)
-        for part, values in series[side].items():
-            ys = [v / MiB if v is not None else 0.0 for v in values]
-            if not any(v is not None for v in values):
+        for name, colour, ys in stacks[side]:
+            if not any(ys):
                 continue
-            fig.add_trace(go.Bar(x=labels, y=ys, base=base[:], offsetgroup=side, name=f"{part[:-6]} ({side})",
-                                 legendgroup=side, marker=dict(color=PART_COLOURS[part], pattern_shape=pattern,
+            fig.add_trace(go.Bar(x=labels, y=ys, base=base[:], offsetgroup=side, name=f"{name} ({side})",
+                                 legendgroup=side, marker=dict(color=colour, pattern_shape=pattern,
                                                                line=dict(width=0.5, color="#333")),
-                                 hovertemplate="%{x}<br>" + f"{side} {part[:-6]}" + ": %{y:.2f} MiB<extra></extra>"))
+                                 hovertemplate="%{x}<br>" + f"{side} {name}: {hover}<extra></extra>"))
             base = [b + y for b, y in zip(base, ys)]
-    fig.update_layout(**LAYOUT, barmode="group", title="Memory per device: measured (solid) vs predicted (hatched)",
-                      yaxis_title="MiB (max over ranks)")
+    fig.update_layout(**LAYOUT, barmode="group", title=title, yaxis_title=yaxis_title)
     return fig
+
+
+def memory(series: dict) -> go.Figure:
+    stacks = {side: [(part[:-6], PART_COLOURS[part], [v / MiB if v is not None else 0.0 for v in values])
+                     for part, values in series[side].items()] for side in ("measured", "predicted")}
+    return paired_stacks(series["labels"], stacks, "Memory per device: measured (solid) vs predicted (hatched)",
+                         "MiB (max over ranks)", "%{y:.2f} MiB")
 
 
 def comm(series: dict) -> go.Figure:
-    fig = go.Figure()
-    labels = [r["label"] for r in series["rows"]]
-    for side, pattern in (("measured", ""), ("predicted", "/")):
-        base = [0.0] * len(labels)
-        for axis in series["axes"]:
-            ys = [((r[side] or {}).get(axis) or 0.0) for r in series["rows"]]
-            if not any(ys):
-                continue
-            fig.add_trace(go.Bar(x=labels, y=ys, base=base[:], offsetgroup=side, name=f"{axis} ({side})",
-                                 marker=dict(color=AXIS_COLOURS.get(axis, AXIS_COLOURS["other"]),
-                                             pattern_shape=pattern, line=dict(width=0.5, color="#333")),
-                                 hovertemplate="%{x}<br>" + f"{side} {axis}" + ": %{y:.1f}% of step<extra></extra>"))
-            base = [b + y for b, y in zip(base, ys)]
-    fig.update_layout(**LAYOUT, barmode="group", yaxis_title="% of step time",
-                      title="Communication share of the step by axis: measured (solid) vs predicted (hatched)")
-    return fig
+    rows = series["rows"]
+    stacks = {side: [(axis, AXIS_COLOURS.get(axis, AXIS_COLOURS["other"]), [((r[side] or {}).get(axis) or 0.0)
+                                                                             for r in rows]) for axis in series["axes"]]
+              for side in ("measured", "predicted")}
+    return paired_stacks([r["label"] for r in rows], stacks,
+                         "Communication share of the step by axis: measured (solid) vs predicted (hatched)",
+                         "% of step time", "%{y:.1f}% of step")
+
+
+def compute(series: dict) -> go.Figure:
+    rows = series["rows"]
+    stacks = {side: [(kind, KIND_COLOURS[kind], [((r[side] or {}).get(kind) or 0.0) for r in rows])
+                     for kind in series["kinds"]] for side in ("measured", "predicted")}
+    return paired_stacks([r["label"] for r in rows], stacks,
+                         "Compute by kind of work: measured (solid) vs predicted (hatched)",
+                         "% of compute time", "%{y:.1f}% of compute")
 
 
 def gantt(series: dict, title: str, unit: str) -> go.Figure:

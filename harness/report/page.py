@@ -79,6 +79,7 @@ def build(study: Study, plotly_src: str) -> str:
                    + '<h2 id="scaling">Scaling</h2>' + _guard("scaling", views.scaling_view, study, figs)
                    + '<h2 id="memory">Memory breakdown per device</h2>' + _guard("memory", views.memory_view, study, figs)
                    + '<h2 id="comm">Communication share by axis</h2>' + _guard("comm", views.comm_view, study, figs)
+                   + '<h2 id="compute">Compute by kind of work</h2>' + _guard("compute", views.compute_view, study, figs)
                    + '<h2 id="failures">Failed and invalid runs</h2>' + _guard("failures", views.failures, study)
                    + "</div>")
     figures_json = "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in figs.items.items()) + "}"

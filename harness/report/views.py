@@ -95,6 +95,25 @@ def comm_view(study: Study, figs) -> tuple[str, dict | None]:
     return figs.div(figures.to_json(figures.comm(series)), "comm") + note, series
 
 
+def compute_view(study: Study, figs) -> tuple[str, dict | None]:
+    series = charts.compute_series(study)
+    if not series:
+        return notice("Compute by kind of work: not measured and not predicted for any run."), None
+    rows = [[esc(r["label"]), esc(seconds(r["measured_s"])), esc(seconds(r["predicted_s"])),
+             *(esc(f"{pct((r['measured'] or {}).get(k))} / {pct((r['predicted'] or {}).get(k))}") for k in series["kinds"])]
+            for r in series["rows"]]
+    note = ("" if any(r["measured"] for r in series["rows"]) else
+            "<p class='small'>Measured split: no profiled run in this study (<code>workload.profile_steps</code> "
+            "&gt; 0 records it); predicted only.</p>")
+    return (figs.div(figures.to_json(figures.compute(series)), "compute")
+            + table(["config", "compute measured", "compute predicted", *(f"{k} % meas / pred" for k in series["kinds"])],
+                    rows, "compute-table", 'id="compute-table"')
+            + note + '<p class="small">Each side as a share of its own compute: the profiled steps\' kernels '
+              "(CPU: operators) sorted into fused attention, GEMMs, the optimizer's step and the rest "
+              "(element-wise), beside the cost model's terms for the same config. On a CPU the profiler slows "
+              "small operators most, so compare shares there, not seconds.</p>"), series
+
+
 def failures(study: Study) -> str:
     bad = study.not_ok
     if not bad:

@@ -135,8 +135,16 @@ for r in latest_by_run_id(read(Path(sys.argv[1]) / "gpu_single.jsonl")).values()
     run = compose_run([f"hardware={sys.argv[2]}", "strategy=single", f"model={c['model']['name']}", "logger=none",
                        f"model.n_layers={c['model']['n_layers']}", f"model.seq_len={c['model']['seq_len']}",
                        *(f"workload.{k}={c['workload'][k]}" for k in ("precision", "global_batch_size", "micro_batch_size"))])
-    again = predict(run, validate(run))["step_time_s"]
+    pred = predict(run, validate(run))
+    again = pred["step_time_s"]
     m, p = r["measured"]["step_time_s"], r["predicted"]["step_time_s"]
     print(f"  {c['model']['name']} {c['workload'].get('compile')} | {m:.4f} | {p:.4f} / {again:.4f} | {m / p:.3f} / {m / again:.3f}")
+    # the profiled compute by kind of work against both profiles: which term the gap is in
+    meas = r["measured"]
+    for kind in ("gemm", "attention", "elementwise", "optimizer"):
+        k = f"compute_{kind}_time_s"
+        if meas.get(k) is not None and r["predicted"].get(k) and pred.get(k):
+            print(f"      {kind:11s} measured {meas[k]:.4f} s | measured / predicted cited {meas[k] / r['predicted'][k]:.3f}"
+                  f" / measured profile {meas[k] / pred[k]:.3f}")
 PYEOF
 fi

@@ -47,3 +47,38 @@ def test_wheels_made_here_install_offline_beside_a_bare_python(tmp_path):
     imported = subprocess.run([base, "-c", "import hydra, omegaconf, submitit, wandb, plotly; print(hydra.__version__)"],
                               capture_output=True, text=True, env={**env, "PYTHONPATH": str(site)})
     assert imported.stdout.strip() == "1.3.8", imported.stderr
+
+
+def _python_blocks(script: str) -> list[str]:
+    """The python programs scripts/gpu_check.sh feeds to $PY through `<<'PYEOF'` here-documents."""
+    blocks, cur = [], None
+    for line in script.splitlines():
+        if cur is None and line.rstrip().endswith("<<'PYEOF'"):
+            cur = []
+        elif cur is not None and line == "PYEOF":
+            blocks.append("\n".join(cur))
+            cur = None
+        elif cur is not None:
+            cur.append(line)
+    return blocks
+
+
+@pytest.mark.slow
+def test_gpu_checks_tables_read_a_real_profiled_record(tmp_path, single_reference):
+    """A device's minutes are few: the check's tables (step 3) and its predictions on the measured profile
+    (step 4) run here on a real profiled CPU record, so a broken table shows up before a GPU run."""
+    import json
+
+    rec = single_reference("workload.profile_steps=1")
+    (tmp_path / "gpu_single.jsonl").write_text(json.dumps(rec) + "\n")
+    tables, again = _python_blocks((REPO / "scripts" / "gpu_check.sh").read_text())
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-", str(tmp_path)], input=tables, text=True, capture_output=True,
+                         cwd=REPO, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"single {rec['config']['model']['name']}" in out.stdout
+    out = subprocess.run([sys.executable, "-", str(tmp_path), "cpu"], input=again, text=True, capture_output=True,
+                         cwd=REPO, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for kind in ("gemm", "attention", "elementwise", "optimizer"):
+        assert f"      {kind}" in out.stdout, out.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.collect import trace_analysis as ta
-from harness.collect.compute_classes import KEYS
+from harness.collect.compute_classes import KEYS, kernel_class
 from harness.config import compose_run
 from harness.costmodel import predict
 from harness.validate import validate
@@ -45,6 +45,24 @@ def test_a_cuda_steps_compute_splits_by_kernel_name_and_the_optimizers_launches(
     got = {k: round(out[k] * 1e6, 6) for k in ("compute_time_s", *KEYS)}
     assert got == {"compute_time_s": 700, "compute_attention_time_s": 200, "compute_gemm_time_s": 300,
                    "compute_optimizer_time_s": 100, "compute_elementwise_time_s": 100}
+
+
+@pytest.mark.parametrize("kernel, kind", [
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "gemm"),
+    ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize96x128x32_stage4_warpsize2x2x1_tensor16x8x16_kernel", "gemm"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>(...)", "gemm"),
+    ("triton_tem_fused_addmm_0", "gemm"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128>>", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0", "attention"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel(...)>", "elementwise"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>", "elementwise"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "elementwise"),
+])
+def test_cuda_kernel_names_by_kind(kernel, kind):
+    assert kernel_class(kernel) == kind
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "tp", "pp"])

@@ -34,7 +34,10 @@ CLASSES = ("attention", "gemm", "optimizer", "elementwise")
 KEYS = tuple(f"compute_{c}_time_s" for c in CLASSES)
 
 _ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|attn|sdpa", re.IGNORECASE)
-_GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass", re.IGNORECASE)
+# cuBLAS (ampere_*gemm*, sm80/sm90_xmma_gemm_*, Hopper's nvjet_*, gemv, split-K reduce), CUTLASS, and
+# torch.compile's GEMM templates (triton_tem_fused_mm_0, ..._addmm_1, ..._bmm_2)
+_GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass|triton_tem_fused_\w*mm",
+                          re.IGNORECASE)
 # CPU: the aten operators op_kinds.py names, and the outer operators and autograd nodes a trace nests
 # them in (aten::linear -> aten::addmm; `evaluate_function: MmBackward0` -> aten::mm)
 _ATTENTION_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(op_kinds.ATTENTION)]
@@ -83,11 +86,18 @@ def _last_start_before(starts: list[float], ts: float) -> int:
     return lo - 1
 
 
+def kernel_class(name: str) -> str:
+    """attention, gemm or elementwise by a CUDA kernel's name (the optimizer's are found by launch site)."""
+    if _ATTENTION_KERNEL.search(name):
+        return "attention"
+    return "gemm" if _GEMM_KERNEL.search(name) else "elementwise"
+
+
 def split(compute: list, compute_ev: list[dict], events: list[dict], cuda: bool) -> dict[str, float]:
     """Microseconds of the compute union `compute` (already clipped to the steps) per class."""
     if cuda:
-        attention = [e for e in compute_ev if _ATTENTION_KERNEL.search(e["name"])]
-        gemm = [e for e in compute_ev if _GEMM_KERNEL.search(e["name"]) and not _ATTENTION_KERNEL.search(e["name"])]
+        attention = [e for e in compute_ev if kernel_class(e["name"]) == "attention"]
+        gemm = [e for e in compute_ev if kernel_class(e["name"]) == "gemm"]
         optimizer = _span(_launched_inside(compute_ev, events, optimizer_window(events)))
     else:
         attention = [e for e in compute_ev if _ATTENTION_OP.search(e["name"])]

@@ -45,6 +45,10 @@ def test_a_cuda_steps_compute_splits_by_kernel_name_and_the_optimizers_launches(
     got = {k: round(out[k] * 1e6, 6) for k in ("compute_time_s", *KEYS)}
     assert got == {"compute_time_s": 700, "compute_attention_time_s": 200, "compute_gemm_time_s": 300,
                    "compute_optimizer_time_s": 100, "compute_elementwise_time_s": 100}
+    top = [(k["name"][:20], k["kind"], round(k["time_s"] * 1e6, 6)) for k in out["compute_top_kernels"]]
+    assert top[:3] == [("sm90_xmma_gemm_bf16b", "gemm", 200), ("nvjet_hsh_128x256_64", "gemm", 150),
+                       ("void pytorch_flash::", "attention", 100)]
+    assert len(top) == 7 and ta.merge_ranks([out])["compute_top_kernels"] == out["compute_top_kernels"]
 
 
 @pytest.mark.parametrize("kernel, kind", [

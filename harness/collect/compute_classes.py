@@ -110,3 +110,22 @@ def split(compute: list, compute_ev: list[dict], events: list[dict], cuda: bool)
         left = subtract(left, mine)
     out["elementwise"] = length(left)
     return out
+
+
+TOP_KERNELS = 8
+
+
+def top_kernels(compute_ev: list[dict], steps: list, n_steps: int) -> list[dict]:
+    """CUDA: the kernels that took the most device time in the steps, per step, each with its kind: which
+    attention backend ran (FlashAttention, memory-efficient, cuDNN) and which GEMM kernels, so a device's
+    figures can be matched with the runs they are compared with."""
+    total: dict = {}
+    for e in compute_ev:
+        inside = length(intersect([(e["ts"], e["ts"] + e["dur"])], steps))
+        if inside > 0:
+            t, c = total.get(e["name"], (0.0, 0))
+            total[e["name"]] = (t + inside, c + 1)
+    ranked = sorted(total.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+    return [{"name": name[:160], "kind": kernel_class(name), "time_s": t / n_steps / 1e6, "count": c / n_steps}
+            for name, (t, c) in ranked]
+

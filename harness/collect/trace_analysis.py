@@ -108,6 +108,8 @@ def analyse(trace: dict) -> dict:
            "device": "cuda" if cuda else "cpu"}
     for name, us in compute_classes.split(compute, compute_ev, events, cuda).items():
         out[f"compute_{name}_time_s"] = us / n_steps / 1e6
+    if cuda:
+        out["compute_top_kernels"] = compute_classes.top_kernels(compute_ev, steps, n_steps)
 
     entries = flight_entries(trace, events, steps)
     label = attribute(comm_ev, entries, meta, cuda)
@@ -196,6 +198,9 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         out[k] = mean(vals)
         if k.endswith("_pct"):
             out[f"{k}_per_rank"] = vals
+    tops = [r["compute_top_kernels"] for r in per_rank if r.get("compute_top_kernels")]
+    if tops:  # every rank runs the same kernels; the first rank's list
+        out["compute_top_kernels"] = tops[0]
     axes = sorted({a for r in per_rank for a in r["comm_by_axis"]})
     by_axis: dict = {}
     for a in axes:

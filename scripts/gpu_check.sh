@@ -112,6 +112,8 @@ for study in ("gpu_single", "dp_vs_3d"):
               f"({m['step_time_s_p10']:.4f}-{m['step_time_s_p90']:.4f}) | {m['tokens_per_s']:.0f} | "
               f"{m.get('mfu_pct') or 0:.1f} | {gib(m.get('peak_mem_bytes'))} | {gib(m.get('device_mem_used_nvml_bytes'))} "
               f"| {m.get('comm_share_pct', 0):.1f}")
+        for k in m.get("compute_top_kernels") or []:  # which attention backend and GEMM kernels ran
+            print(f"      {k['kind']:11s} {1e3 * k['time_s']:8.2f} ms x{k['count']:.0f}  {k['name'][:90]}")
 PYEOF
 for study in gpu_single dp_vs_3d; do
   [ -f "$RESULTS/$study.jsonl" ] && { echo; echo "== $study: measured / predicted"; $PY -m harness.fidelity "$RESULTS/$study.jsonl"; }

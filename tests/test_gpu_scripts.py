@@ -69,7 +69,10 @@ def test_gpu_checks_tables_read_a_real_profiled_record(tmp_path, single_referenc
     (step 4) run here on a real profiled CPU record, so a broken table shows up before a GPU run."""
     import json
 
-    rec = single_reference("workload.profile_steps=1")
+    rec = json.loads(json.dumps(single_reference("workload.profile_steps=1")))
+    # what a CUDA record adds (harness/collect/compute_classes.py top_kernels)
+    rec["measured"]["compute_top_kernels"] = [{"name": "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "kind": "gemm",
+                                               "time_s": 0.0123, "count": 96.0}]
     (tmp_path / "gpu_single.jsonl").write_text(json.dumps(rec) + "\n")
     tables, again = _python_blocks((REPO / "scripts" / "gpu_check.sh").read_text())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -77,6 +80,7 @@ def test_gpu_checks_tables_read_a_real_profiled_record(tmp_path, single_referenc
                          cwd=REPO, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"single {rec['config']['model']['name']}" in out.stdout
+    assert "gemm" in out.stdout and "12.30 ms x96  nvjet_hsh_128x256" in out.stdout, out.stdout
     out = subprocess.run([sys.executable, "-", str(tmp_path), "cpu"], input=again, text=True, capture_output=True,
                          cwd=REPO, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

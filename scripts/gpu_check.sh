@@ -6,6 +6,7 @@
 #   HW=a100_80g scripts/gpu_check.sh          # a100_80g | h100_sxm | h200 (conf/hardware/)
 #   COMPILE=true scripts/gpu_check.sh         # also with torch.compile (workload.compile=true)
 #   CALIBRATE=false scripts/gpu_check.sh      # skip step 0 (about 2 minutes)
+#   LLAMA=false scripts/gpu_check.sh          # skip the 8-block Llama 3 8B run (about 1-2 minutes)
 #
 # The python: $PY if set; else .venv's (install your CUDA build of torch before `make install`: see README);
 # else, on a GPU machine that reaches no package registry, python3's own CUDA torch with the wheels that
@@ -72,22 +73,26 @@ if [ "${CALIBRATE:-true}" = "true" ]; then
   fi
 fi
 
+# a run that does not end ok is in its record (and the tables below); the exit code says so at the end
+FAILED=""
 COMPILES=false
 [ "$COMPILE" = "true" ] && COMPILES=false,true
 # 1. one device. global batch 8 in micro-batches of 4 (gpt_1_3b at s=2048 fits 80 GB with room);
 #    the sweep crosses the two models with compile off (and on).
 $PY -m harness -m study=gpu_single hardware="$HW" strategy=single "model=gpt2_124m,gpt_1_3b" \
   workload.precision=bf16-mixed workload.global_batch_size=8 workload.micro_batch_size=4 \
-  "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS"
+  "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS" || FAILED="$FAILED gpu_single"
 # a Llama block as the published Llama runs have it: one sequence of 8192 per micro-batch, 4 per step
 # (68.5 GiB predicted on 80 GB)
-$PY -m harness -m study=gpu_single hardware="$HW" strategy=single model=llama3_8b model.n_layers=8 \
-  workload.precision=bf16-mixed workload.global_batch_size=4 workload.micro_batch_size=1 \
-  "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS"
+if [ "${LLAMA:-true}" = "true" ]; then
+  $PY -m harness -m study=gpu_single hardware="$HW" strategy=single model=llama3_8b model.n_layers=8 \
+    workload.precision=bf16-mixed workload.global_batch_size=4 workload.micro_batch_size=1 \
+    "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS" || FAILED="$FAILED gpu_single(llama)"
+fi
 
 # 2. several devices: the parallel strategies side by side (world 4), on this hardware.
 if [ "$NGPU" -ge 4 ]; then
-  $PY -m harness experiment=dp_vs_3d hardware="$HW" logger="$LOGGER" results_dir="$RESULTS"
+  $PY -m harness experiment=dp_vs_3d hardware="$HW" logger="$LOGGER" results_dir="$RESULTS" || FAILED="$FAILED dp_vs_3d"
 else
   echo "== $NGPU GPU(s): dp_vs_3d needs 4, skipped"
 fi
@@ -149,4 +154,8 @@ for r in latest_by_run_id(read(Path(sys.argv[1]) / "gpu_single.jsonl")).values()
             print(f"      {kind:11s} measured {meas[k]:.4f} s | measured / predicted cited {meas[k] / r['predicted'][k]:.3f}"
                   f" / measured profile {meas[k] / pred[k]:.3f}")
 PYEOF
+fi
+if [ -n "$FAILED" ]; then
+  echo "== not every run ended ok:$FAILED (the tables above and each record's error say why)" >&2
+  exit 1
 fi

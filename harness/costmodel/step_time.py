@@ -44,6 +44,7 @@ class ComputeTime:
     span_warp: float = 1.0  # CPU pipelines: makespan / its all-stages-busy value (pipeline.busy_warp)
     busy_warp: float = 1.0  # ... a rank's busy time / its all-stages-busy value
     attention_s: float = 0.0  # the attention core's part of matmul_s
+    accumulate_s: float = 0.0  # gradient accumulation's part of optimizer_s (a trace sees it in the backward)
 
 
 @dataclass(slots=True)
@@ -61,11 +62,11 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
         per_rank[rank.pp_rank] = matmul + elementwise
         if matmul + elementwise > slowest:
             slowest, slowest_matmul, slowest_core = matmul + elementwise, matmul, times.rank_core(rank, ckpt)
-    optimizer_s = ((lo.optimizer_traffic_bytes + (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems)
-                   / lo.mem_bw if lo.mem_bw else 0.0) + lo.optimizer_dispatch_s
+    accumulate_s = (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems / lo.mem_bw if lo.mem_bw else 0.0
+    optimizer_s = (lo.optimizer_traffic_bytes / lo.mem_bw if lo.mem_bw else 0.0) + accumulate_s + lo.optimizer_dispatch_s
     span, busy = _cpu_pipeline_warp(lo, m, slowest_matmul / slowest if slowest else 1.0)
     return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
-                       span, busy, m * slowest_core * busy)
+                       span, busy, m * slowest_core * busy, accumulate_s)
 
 
 WARP_MAX_CHUNKS = 1024  # a CPU layout beyond this keeps the all-busy rate (a 2-core VM runs pp <= 4)

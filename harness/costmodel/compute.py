@@ -142,22 +142,26 @@ def layer_gemm_time(md, tp: int, tokens: float, curve: GemmCurve, e: int, mem_bw
 @dataclass(slots=True)
 class LayerTimes:
     """Seconds per micro-batch of one layer of the layout's shard (per checkpointing mode) and of the
-    head: compute (GEMMs, attention) and element-wise traffic apart; `core` is the attention core's part
-    of `layer` (the measured split's twin, harness/collect/compute_classes.py)."""
+    head: compute (GEMMs, attention) and element-wise traffic apart. Parts of `layer` (and `head`), for
+    the measured split's twin (harness/collect/compute_classes.py): `core` the attention core, `host` the
+    operators' host work (dispatch, DTensor, FSDP2 hooks; CPU profiles), which a trace spreads over every
+    operator, most of them element-wise."""
     layer: dict
     layer_traffic: dict
     head: float
     head_traffic: float
     core: dict
+    host: dict
+    head_host: float
 
     def rank_time(self, rank, ckpt: str) -> tuple[float, float]:
         """(compute, element-wise) seconds of one micro-batch on a pipeline rank."""
         return (rank.layers * self.layer[ckpt] + (self.head if rank.last else 0.0),
                 rank.layers * self.layer_traffic[ckpt] + (self.head_traffic if rank.last else 0.0))
 
-    def rank_core(self, rank, ckpt: str) -> float:
-        """Seconds of one micro-batch's attention core (QK^T, AV) on a pipeline rank."""
-        return rank.layers * self.core[ckpt]
+    def rank_parts(self, rank, ckpt: str) -> tuple[float, float]:
+        """(attention core, host work) seconds of one micro-batch on a pipeline rank: parts of rank_time's first."""
+        return rank.layers * self.core[ckpt], rank.layers * self.host[ckpt] + (self.head_host if rank.last else 0.0)
 
 
 def microbatch_times(lo, mb: int) -> LayerTimes:
@@ -180,16 +184,19 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         cores = {"none": core, "selective": core + core_forward, "full": core + core_forward, "selective_op": core}
     # every operator pays the dispatch floor calibrate measured (CPU eager); full recompute reruns the forward
     dispatch = lo.hw.ops_per_layer * lo.hw.op_dispatch_s * pl.slowdown
+    head_host = 0.0
     if pl.tp > 1:  # and a DTensor operator its DTensor dispatch; the head and loss parallel's on the last stage
         dt = lo.hw.dtensor.sp if lo.strategy.sp else lo.hw.dtensor
         dispatch += dt.ops_per_layer * dt.block_op_s(tokens * md.h) * pl.slowdown
-        head += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
+        head_host += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
     if lo.strategy.family == "sharded":  # FSDP2's hooks and copies around each block (calibrate_fsdp.py)
         dispatch += lo.hw.fsdp2["block_s"] * pl.slowdown
-        head += lo.hw.fsdp2["outside_s"] * pl.slowdown
-    layer = {c: t + dispatch * (4 / 3 if c in ("full", "selective_op") else 1) for c, t in layer.items()}
+        head_host += lo.hw.fsdp2["outside_s"] * pl.slowdown
+    host = {c: dispatch * (4 / 3 if c in ("full", "selective_op") else 1) for c in layer}
+    layer = {c: t + host[c] for c, t in layer.items()}
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
-    out = LayerTimes(layer, traffic, head, tokens * pt.head_traffic_bytes / bw if bw else 0.0, cores)
+    out = LayerTimes(layer, traffic, head + head_host, tokens * pt.head_traffic_bytes / bw if bw else 0.0, cores,
+                     host, head_host)
     lo.gemm_cache[mb] = out
     return out
 

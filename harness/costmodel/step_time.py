@@ -44,6 +44,7 @@ class ComputeTime:
     span_warp: float = 1.0  # CPU pipelines: makespan / its all-stages-busy value (pipeline.busy_warp)
     busy_warp: float = 1.0  # ... a rank's busy time / its all-stages-busy value
     attention_s: float = 0.0  # the attention core's part of matmul_s
+    host_s: float = 0.0  # the operators' host work in matmul_s (dispatch, DTensor, FSDP2; CPU profiles)
     accumulate_s: float = 0.0  # gradient accumulation's part of optimizer_s (a trace sees it in the backward)
 
 
@@ -56,17 +57,18 @@ class AxisComm:
 
 def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
     times = microbatch_times(lo, mb)
-    per_rank, slowest, slowest_matmul, slowest_core = {}, 0.0, 0.0, 0.0
+    per_rank, slowest, slowest_matmul, slowest_parts = {}, 0.0, 0.0, (0.0, 0.0)
     for rank in lo.ranks:
         matmul, elementwise = times.rank_time(rank, ckpt)
         per_rank[rank.pp_rank] = matmul + elementwise
         if matmul + elementwise > slowest:
-            slowest, slowest_matmul, slowest_core = matmul + elementwise, matmul, times.rank_core(rank, ckpt)
+            slowest, slowest_matmul, slowest_parts = matmul + elementwise, matmul, times.rank_parts(rank, ckpt)
     accumulate_s = (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems / lo.mem_bw if lo.mem_bw else 0.0
     optimizer_s = (lo.optimizer_traffic_bytes / lo.mem_bw if lo.mem_bw else 0.0) + accumulate_s + lo.optimizer_dispatch_s
     span, busy = _cpu_pipeline_warp(lo, m, slowest_matmul / slowest if slowest else 1.0)
     return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
-                       span, busy, m * slowest_core * busy, accumulate_s)
+                       span, busy, attention_s=m * slowest_parts[0] * busy, host_s=m * slowest_parts[1] * busy,
+                       accumulate_s=accumulate_s)
 
 
 WARP_MAX_CHUNKS = 1024  # a CPU layout beyond this keeps the all-busy rate (a 2-core VM runs pp <= 4)

@@ -116,3 +116,17 @@ def test_the_attention_share_grows_with_the_sequence():
                      "workload.precision=bf16-mixed", "workload.global_batch_size=8", "workload.micro_batch_size=1")
         share[s] = p["compute_attention_time_s"] / p["compute_time_s"]
     assert share[8192] > 2 * share[2048]
+
+
+def test_host_work_and_gradient_accumulation_are_element_wise_in_the_predicted_split():
+    """Where a trace sees them: the operators' dispatch spread over the (mostly element-wise) operators,
+    gradient accumulation's adds in the backward; the GEMM and AdamW terms do not move."""
+    base = ("hardware=cpu_calibrated", "model=small", "workload.global_batch_size=8")
+    p1 = _predict(*base, "workload.micro_batch_size=8")  # m = 1: no accumulation
+    p4 = _predict(*base, "workload.micro_batch_size=2")  # m = 4
+    assert p4["compute_optimizer_time_s"] == pytest.approx(p1["compute_optimizer_time_s"])
+    slower = _predict(*base, "workload.micro_batch_size=2", "hardware.compute.op_dispatch_us=11.534")
+    run = compose_run(["logger=none", *base])
+    extra = run.hardware.compute["ops_per_layer"] * 10e-6 * run.model.n_layers * 4  # 10 us more per op, 4 micro-batches
+    assert slower["compute_gemm_time_s"] == pytest.approx(p4["compute_gemm_time_s"])
+    assert slower["compute_elementwise_time_s"] - p4["compute_elementwise_time_s"] == pytest.approx(extra)

@@ -265,3 +265,29 @@ def test_hsdp_replica_all_reduce_hides_behind_the_backward_on_a_gpu_not_on_a_cpu
     cpu = hsdp("cpu", "tiny", 4, 2, 1, "launcher.nproc_per_node=4")
     assert cpu["comm_dp_replicate_time_s"] > 0
     assert cpu["comm_dp_replicate_exposed_time_s"] == pytest.approx(cpu["comm_dp_replicate_time_s"])
+
+
+def test_a_power_limited_part_runs_every_tensor_core_rate_at_its_clock_scale():
+    """compute.clock_scale (conf/hardware/h100_hbm2e_96g.yaml: the 500 W part) slows the GEMMs and the fused
+    attention kernels by exactly that factor and nothing else: the element-wise work (memory-bound) and the
+    communication keep their time, and MFU keeps the datasheet peak as its denominator."""
+    from harness.costmodel import predict
+    from harness.validate import validate
+
+    def pred(*extra):
+        r = compose_run(["hardware=h100_sxm", "model=llama3_8b", "model.n_layers=2", "strategy=single", "logger=none",
+                         "workload.precision=bf16-mixed", "workload.global_batch_size=2", "workload.micro_batch_size=1",
+                         *extra])
+        return predict(r, validate(r, torch_runs=False))
+
+    full, half = pred(), pred("+hardware.compute.clock_scale=0.5")
+    assert half["compute_gemm_time_s"] == pytest.approx(2 * full["compute_gemm_time_s"], rel=1e-9)
+    assert half["compute_attention_time_s"] == pytest.approx(2 * full["compute_attention_time_s"], rel=1e-9)
+    for key in ("compute_elementwise_time_s", "compute_optimizer_time_s"):
+        assert half[key] == pytest.approx(full[key], rel=1e-9)
+    assert half["mfu_pct"] * half["step_time_s"] == pytest.approx(full["mfu_pct"] * full["step_time_s"], rel=1e-9)
+    derated = Hardware.of(compose_run(["hardware=h100_hbm2e_96g", "logger=none"]).hardware)
+    sxm = Hardware.of(compose_run(["hardware=h100_sxm", "logger=none"]).hardware)
+    assert derated.peak == sxm.peak and 0.85 < derated.clock_scale < 0.95
+    assert derated.gemm["bf16"].rate(4096, 4096, 4096) == pytest.approx(
+        derated.clock_scale * sxm.gemm["bf16"].rate(4096, 4096, 4096))

@@ -64,12 +64,13 @@ class GemmCurve:
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # (M, N, K) -> rate from `shapes`: the planner asks for the same few shapes per model
 
     @classmethod
-    def of(cls, cfg) -> "GemmCurve":
-        cfg = dict(cfg)
-        pts = tuple(sorted((math.log(float(f)), float(r) * 1e12) for f, r in (cfg.get("points") or ())))
+    def of(cls, cfg, scale: float = 1.0) -> "GemmCurve":
+        """From a profile's compute.gemm.<dtype>; every rate x scale (the profile's compute.clock_scale)."""
+        cfg, unit = dict(cfg), 1e12 * scale
+        pts = tuple(sorted((math.log(float(f)), float(r) * unit) for f, r in (cfg.get("points") or ())))
         tile = list(cfg.get("tile") or (0, 0))
-        shapes = tuple((math.log(m), math.log(n), math.log(k), float(r) * 1e12) for m, n, k, r in (cfg.get("shapes") or ()))
-        return cls(float(cfg["max_tflops"]) * 1e12, int(tile[0]), int(tile[1]), int(cfg.get("units", 0)), pts,
+        shapes = tuple((math.log(m), math.log(n), math.log(k), float(r) * unit) for m, n, k, r in (cfg.get("shapes") or ()))
+        return cls(float(cfg["max_tflops"]) * unit, int(tile[0]), int(tile[1]), int(cfg.get("units", 0)), pts,
                    float(cfg.get("half_ridge", 0.0)), shapes)
 
     def rate(self, m: float, n: float, k: float) -> float:
@@ -209,7 +210,7 @@ def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple:
     for `tokens` tokens, seconds."""
     md, pl, pt = lo.model, lo.place, lo.per_token
     key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.shapes, curve.half_ridge, md.shape,
-           md.cfg.attention, lo.hw.peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype),
+           md.cfg.attention, lo.hw.tensor_peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype),
            lo.hw.attention_backward_efficiency.get(lo.dtype), pl.tp, tokens,
            pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
     if key not in _SHAPE_TIMES:
@@ -230,7 +231,7 @@ def _core_time(lo, tokens: float, curve: GemmCurve) -> tuple[float, float]:
     forward = tokens * md.core_flops / tp
     eff = lo.hw.attention_efficiency.get(lo.dtype) if md.cfg.attention == "sdpa" else None
     if eff:  # a fused causal kernel computes only the unmasked half, and recomputes the scores in backward
-        at_peak = 0.5 * forward / (lo.hw.peak[lo.dtype] / lo.place.slowdown)
+        at_peak = 0.5 * forward / (lo.hw.tensor_peak[lo.dtype] / lo.place.slowdown)
         t = at_peak / float(eff)
         return t + 2.5 * at_peak / float(lo.hw.attention_backward_efficiency.get(lo.dtype, eff)), t
     t = forward / (curve.rate(tokens, md.s, md.h / md.a) / lo.place.slowdown)

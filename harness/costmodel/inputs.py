@@ -37,7 +37,7 @@ class Model:
 
 class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
-    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "intra", "inter", "nics_per_node", "hops",
+    __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "tensor_peak", "clock_scale", "intra", "inter", "nics_per_node", "hops",
                  "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "attention_backward_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
                  "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2")
 
@@ -46,8 +46,15 @@ class Hardware:
         self = cls()
         self.name, self.device, self.devices_per_node = hw.name, hw.device, hw.devices_per_node
         self.memory_bytes = hw.memory_GiB * 1024**3
+        compute = dict(getattr(hw, "compute", None) or {})
+        # a part held at a lower power limit than the part whose compute figures the profile carries runs
+        # every tensor-core rate (GEMM table, achievable rate, the attention kernels' peak) at this fraction;
+        # the datasheet peak stays MFU's denominator (profile source; absent: 1)
+        self.clock_scale = float(compute.get("clock_scale", 1.0))
         self.peak = {k: v * 1e12 for k, v in dict(hw.peak_tflops).items()}
-        self.rate = {**self.peak, **{k: v * 1e12 for k, v in dict(hw.achievable_tflops).items()}}
+        self.tensor_peak = {k: v * self.clock_scale for k, v in self.peak.items()}
+        self.rate = {k: v * self.clock_scale for k, v in
+                     {**self.peak, **{k: v * 1e12 for k, v in dict(hw.achievable_tflops).items()}}.items()}
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
         self.nics_per_node = int(getattr(hw.inter_node, "nics_per_node", None) or 1)  # absent: one
@@ -58,8 +65,7 @@ class Hardware:
                                 for link in (hw.intra_node, hw.inter_node)))
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = _collective_table(hw.collectives or {})
-        compute = dict(getattr(hw, "compute", None) or {})
-        self.gemm = {k: GemmCurve.of(v) for k, v in dict(compute.get("gemm") or {}).items()}
+        self.gemm = {k: GemmCurve.of(v, self.clock_scale) for k, v in dict(compute.get("gemm") or {}).items()}
         self.attention_efficiency = dict(compute.get("attention_efficiency") or {})
         # the fused kernel's backward at its own fraction of peak; absent: the forward's (compute.py)
         self.attention_backward_efficiency = dict(compute.get("attention_backward_efficiency") or {})

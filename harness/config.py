@@ -90,7 +90,9 @@ class StrategyConfig:
     overlap_grad_reduce: bool = False  # distributed optimizer: reduce-scatter in buckets during the last backward
     overlap_param_gather: bool = False  # distributed optimizer: all-gather in buckets during the next forward
     # distributed optimizer under bf16-mixed: parameters held in bf16, fp32 only in the optimizer's master
-    # slice and a gradient buffer (Megatron-LM's --bf16; harness/strategies/distributed_optimizer.py)
+    # slice and a gradient buffer (Megatron-LM's --bf16; harness/strategies/distributed_optimizer.py); with
+    # DDP (Megatron-LM's bf16 module, fp32 main params and grads) priced by the cost model only
+
     low_precision_params: bool = False
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES

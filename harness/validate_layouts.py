@@ -42,11 +42,8 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
     if distributed and run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs a loss scaler that unscales and checks every rank's grads; the "
                           "distributed optimizer steps a flat slice it does not coordinate: use bf16-mixed or fp32")
-    if s.low_precision_params and not (distributed and run.workload.precision == "bf16-mixed"):
-        raise ConfigError(f"strategy.low_precision_params holds the parameters in bf16 with an fp32 master slice in "
-                          f"the distributed optimizer: it needs strategy=zero1 with zero1_impl=distributed or 3d with "
-                          f"dp_shard=zero1, and workload.precision=bf16-mixed (got strategy {s.name}, "
-                          f"precision {run.workload.precision})")
+    if s.low_precision_params:
+        _validate_low_precision_params(s, run.workload.precision, distributed, torch_runs)
     _validate_megatron_overlaps(s, dims, distributed, torch_runs)
     if s.fsdp_accumulate not in FSDP_ACCUMULATE:
         raise ConfigError(f"unknown fsdp_accumulate '{s.fsdp_accumulate}'; available: {', '.join(FSDP_ACCUMULATE)}")
@@ -83,6 +80,23 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
         if dims.tp > 1 and s.sequence_parallel:
             raise ConfigError(f"cp {dims.cp} with sequence_parallel is not supported: both would split the "
                               f"sequence dimension (set strategy.sequence_parallel=false)")
+
+
+def _validate_low_precision_params(s, precision: str, distributed: bool, torch_runs: bool) -> None:
+    """bf16 parameters with fp32 main params and grads in the optimizer (Megatron-LM's --bf16): run with the
+    distributed optimizer; with DDP (Megatron-LM's Float16OptimizerWithFloat16Params) priced, not run."""
+    replicated = catalog.state_family(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "replicated"
+    if precision != "bf16-mixed" or not (distributed or (replicated and s.engine == "torch")):
+        raise ConfigError(f"strategy.low_precision_params holds the parameters in bf16 with fp32 main params and "
+                          f"gradients in the optimizer: it needs workload.precision=bf16-mixed and the distributed "
+                          f"optimizer (strategy=zero1 with zero1_impl=distributed, or 3d with dp_shard=zero1), or, "
+                          f"priced by the cost model only, DDP (ddp, tp, pp, 3d with dp_shard=ddp) (got strategy "
+                          f"{s.name}, engine {s.engine}, precision {precision})")
+    if replicated and torch_runs:
+        raise ConfigError("strategy.low_precision_params with DDP (Megatron-LM's bf16 module with an fp32 copy of every "
+                          "parameter and gradient in its optimizer) is priced by the cost model (docs/published.md), "
+                          "not run: brigade runs bf16 parameters with the distributed optimizer (strategy=zero1 "
+                          "strategy.zero1_impl=distributed, or 3d strategy.dp_shard=zero1)")
 
 
 def _validate_megatron_overlaps(s, dims: ParallelDims, distributed: bool, torch_runs: bool) -> None:

@@ -291,3 +291,26 @@ def test_a_power_limited_part_runs_every_tensor_core_rate_at_its_clock_scale():
     assert derated.peak == sxm.peak and 0.85 < derated.clock_scale < 0.95
     assert derated.gemm["bf16"].rate(4096, 4096, 4096) == pytest.approx(
         derated.clock_scale * sxm.gemm["bf16"].rate(4096, 4096, 4096))
+
+
+def test_megatron_lms_bf16_module_under_ddp_is_priced_with_its_bytes():
+    """strategy.low_precision_params on DDP (the Megatron-LM rows of docs/published_runs.yaml): bf16 params, an fp32
+    main copy and fp32 main grads per parameter (2 + 4 + 4 B against autocast's 4 + 4), and no autocast: the
+    residual stream and the pipeline's sends in bf16, so the element-wise time falls and the pp bytes halve."""
+    from harness.costmodel import predict
+    from harness.costmodel.params import numel
+    from harness.validate import validate
+
+    def pred(*extra):
+        r = compose_run(["hardware=a100_80g", "model=gpt_1_3b", "strategy=3d", "parallel.dp=2", "parallel.tp=2",
+                         "parallel.pp=2", "strategy.dp_shard=ddp", "workload.precision=bf16-mixed",
+                         "workload.global_batch_size=16", "workload.micro_batch_size=1", "logger=none", *extra])
+        return predict(r, validate(r, torch_runs=False))
+
+    autocast, bf16 = pred(), pred("strategy.low_precision_params=true")
+    assert bf16["params_bytes"] * 2 == autocast["params_bytes"] == bf16["grads_bytes"] == bf16["master_bytes"]
+    assert bf16["optimizer_bytes"] == autocast["optimizer_bytes"] and autocast["master_bytes"] == 0
+    assert bf16["comm_pp_bytes"] * 2 == autocast["comm_pp_bytes"]
+    assert bf16["comm_dp_bytes"] == autocast["comm_dp_bytes"]  # gradients all-reduced in fp32 either way
+    assert bf16["compute_elementwise_time_s"] < autocast["compute_elementwise_time_s"]
+    assert bf16["compute_gemm_time_s"] == pytest.approx(autocast["compute_gemm_time_s"])

@@ -59,14 +59,20 @@ def test_megatron_overlap_knobs_are_priced_not_run(tmp_path):
 
 
 def test_low_precision_params_need_the_distributed_optimizer_under_bf16(tmp_path):
+    """Run with the distributed optimizer under bf16-mixed; with DDP (Megatron-LM's bf16 module, as the Megatron-LM
+    rows of the published set ran) priced by the cost model and refused at launch; refused everywhere else."""
     for overrides in (["strategy=fsdp", "parallel.dp=2", "workload.precision=bf16-mixed"],
                       ["strategy=zero1", "parallel.dp=2", "workload.precision=bf16-mixed"],  # torch_zero: DDP's fp32 params
-                      ["strategy=zero1", "parallel.dp=2", "strategy.zero1_impl=distributed"]):  # fp32
+                      ["strategy=zero1", "parallel.dp=2", "strategy.zero1_impl=distributed"],  # fp32
+                      ["strategy=ddp", "parallel.dp=2"]):  # fp32
         msg = refusal(tmp_path, *overrides, "strategy.low_precision_params=true")
-        assert "needs strategy=zero1 with zero1_impl=distributed or 3d with dp_shard=zero1, and workload.precision=bf16-mixed" in msg
+        assert "needs workload.precision=bf16-mixed and the distributed optimizer" in msg and "got strategy" in msg
     run = to_run_config(compose_config(["model=tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.dp_shard=zero1",
                                         "workload.precision=bf16-mixed", "strategy.low_precision_params=true"], tmp_path))
     assert validate(run).world_size == 4
+    ddp = ["strategy=ddp", "parallel.dp=2", "workload.precision=bf16-mixed", "strategy.low_precision_params=true"]
+    assert "priced by the cost model" in refusal(tmp_path, *ddp) and "not run" in refusal(tmp_path, *ddp)
+    assert validate(to_run_config(compose_config(["model=tiny", *ddp], tmp_path)), torch_runs=False).dp == 2
 
 
 def test_4d_and_cp_layouts_validate(tmp_path):

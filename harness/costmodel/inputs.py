@@ -174,8 +174,10 @@ class Strategy:
         self.uses_ddp = self.family in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
-        # the distributed optimizer's bf16 params (strategy.low_precision_params) likewise
-        self.low_precision_params = bool(getattr(s, "low_precision_params", False)) and self.family == "distributed"
+        # bf16 params (strategy.low_precision_params) likewise: the distributed optimizer's, or Megatron-LM's bf16
+        # module under DDP (priced only, harness/validate_layouts.py)
+        self.low_precision_params = (bool(getattr(s, "low_precision_params", False))
+                                     and self.family in ("distributed", "replicated"))
         self.autocast = self.family not in ("sharded", "deepspeed") and not self.low_precision_params
         # what memory.model_states reads beyond the family: DeepSpeed's knobs, the distributed optimizer's param dtype
         self.state_knobs = self.ds_knobs or ((True,) if self.low_precision_params else ())

@@ -10,7 +10,9 @@ What the engines hold (one function per family, named as harness/catalog.py name
 params / grads / optimizer state, see harness/worker/measure.py):
   replicated  single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
               4 B params + 4 B grads + AdamW's exp_avg and exp_avg_sq (8 B) per parameter plus a 0-d
-              fp32 `step` tensor (4 B) per parameter tensor, whatever the precision.
+              fp32 `step` tensor (4 B) per parameter tensor, whatever the precision. With
+              strategy.low_precision_params (Megatron-LM's bf16 module, priced only): 2 B params, an fp32
+              main copy (4 B, master_bytes) and fp32 main grads.
   distributed the distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1): whole params and
               grads, an even flat 1/dp slice of fp32 master + AdamW per rank (function below).
   zero1_torch torch ZeroRedundancyOptimizer: params and grads whole; whole parameters are assigned
@@ -61,7 +63,13 @@ def _shard_index(kind: str, dp_rank: int, ep: int) -> int:
 # -- one function per family: (groups, dp, ep, precision, knobs, dp_ranks) -> [(params, grads, opt, master)] bytes
 
 def replicate(groups, dp, ep, precision, knobs, dp_ranks):
+    """torch autocast: fp32 params and grads. knobs (True,): Megatron-LM's bf16 module under DDP
+    (Float16OptimizerWithFloat16Params; priced, not run): bf16 params, fp32 main grads in DDP's buffer
+    (bf16 accumulates and all-reduces them in fp32), an fp32 main copy of every param in the optimizer."""
     n = numel(groups)
+    if knobs and knobs[0]:
+        one = (2 * n, 4 * n, 8 * n + 4 * n_tensors(groups), 4 * n)
+        return [one for _ in dp_ranks]
     one = (4 * n, 4 * n, 8 * n + 4 * n_tensors(groups), 0)
     return [one for _ in dp_ranks]
 

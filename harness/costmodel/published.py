@@ -92,7 +92,7 @@ def strategy_overrides(row: dict) -> list[str]:
         out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
     if "zero1_impl" in row and catalog.strategy(name).states == "zero1_torch":  # 3d's dp_shard=zero1 is it already
         out.append(f"strategy.zero1_impl={row['zero1_impl']}")
-    if row.get("low_precision_params"):  # Megatron-LM's --bf16: bf16 params, fp32 master slice (docs/published_runs.yaml)
+    if row.get("low_precision_params") and row.get("engine", "torch") == "torch":  # Megatron-LM's --bf16 (docs/published_runs.yaml)
         out.append("strategy.low_precision_params=true")
     if "bucket_cap_mb" in row:  # the gradient buckets the source's engine used (docs/published_runs.yaml)
         out.append(f"strategy.bucket_cap_mb={row['bucket_cap_mb']}")

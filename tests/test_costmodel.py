@@ -305,3 +305,16 @@ def test_predict_cli_prints_one_json_without_torch():
     bad = subprocess.run([sys.executable, "-m", "harness.predict", "parallel.dp=3", "strategy=ddp", "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not divisible" in json.loads(bad.stdout)["error"]
+
+
+def test_predict_prices_a_layout_only_brigades_runtime_refuses():
+    """Megatron-LM's bf16 module under DDP is priced (the published set's Megatron-LM rows), with the refusal a
+    launch would give in `not_run`; a config the cost model itself refuses stays invalid."""
+    ok = predict_overrides(["hardware=a100_80g", "model=gpt_1_3b", "strategy=ddp", "parallel.dp=8",
+                            "workload.global_batch_size=16", "workload.micro_batch_size=2",
+                            "workload.precision=bf16-mixed", "strategy.low_precision_params=true"])
+    assert ok["status"] == "ok" and ok["step_time_s"] > 0 and "not run" in ok["not_run"]
+    assert "not_run" not in predict_overrides(["hardware=a100_80g", "model=gpt_1_3b", "strategy=ddp", "parallel.dp=8",
+                                               "workload.global_batch_size=16", "workload.micro_batch_size=2"])
+    bad = predict_overrides(["strategy=ddp", "parallel.dp=2", "strategy.low_precision_params=true"])  # fp32
+    assert bad["status"] == "invalid" and "needs workload.precision=bf16-mixed" in bad["error"]

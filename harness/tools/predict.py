@@ -8,7 +8,9 @@ hardware=h100_sxm) on any machine.
         workload.global_batch_size=128 workload.micro_batch_size=1 workload.precision=bf16-mixed [--json]
 
 A config that cannot run prints why (the arithmetic; with --json {"status": "invalid", "error": ...})
-and exits 2.
+and exits 2. One the cost model prices but brigade's runtime does not run (Megatron-LM's layouts the
+published set predicts: DDP x TP, Megatron-Core's overlaps, bf16 params under DDP) is predicted, with
+`not_run` saying why brigade would refuse to launch it.
 """
 from __future__ import annotations
 
@@ -24,12 +26,16 @@ def predict_overrides(overrides: list[str]) -> dict:
 
     run = compose_run(overrides)
     config = as_dict(run)
+    not_run = {}
     try:
-        dims = validate(run)
+        try:
+            dims = validate(run)
+        except ConfigError as e:  # a layout only brigade's runtime refuses (Megatron's, as the published set has them)
+            dims, not_run = validate(run, torch_runs=False), {"not_run": str(e)}
         out = predict(run, dims)
     except ConfigError as e:
         return {"status": "invalid", "error": str(e), "config": config}
-    return {"status": "ok", **out, "dims": dims.as_dict(), "config": config}
+    return {"status": "ok", **out, **not_run, "dims": dims.as_dict(), "config": config}
 
 
 def summary(out: dict) -> str:
@@ -53,6 +59,8 @@ def summary(out: dict) -> str:
              "  comm/step      " + (", ".join(f"{a} {nbytes(out[f'comm_{a}_bytes'])}" for a in ("dp", "tp", "pp", "ep")
                                              if out.get(f"comm_{a}_bytes")) or "none")
              + f"; {out.get('comm_share_pct', 0):.1f} % of the step",
+             *([f"  not run        brigade's runtime refuses it, the cost model prices it: {out['not_run']}"]
+               if "not_run" in out else []),
              "all figures: --json (names and units: results/README.md)"]
     return "\n".join(lines)
 

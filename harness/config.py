@@ -92,7 +92,6 @@ class StrategyConfig:
     # distributed optimizer under bf16-mixed: parameters held in bf16, fp32 only in the optimizer's master
     # slice and a gradient buffer (Megatron-LM's --bf16; harness/strategies/distributed_optimizer.py); with
     # DDP (Megatron-LM's bf16 module, fp32 main params and grads) priced by the cost model only
-
     low_precision_params: bool = False
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES

@@ -179,7 +179,7 @@ class Strategy:
         self.low_precision_params = (bool(getattr(s, "low_precision_params", False))
                                      and self.family in ("distributed", "replicated"))
         self.autocast = self.family not in ("sharded", "deepspeed") and not self.low_precision_params
-        # what memory.model_states reads beyond the family: DeepSpeed's knobs, the distributed optimizer's param dtype
+        # what memory.model_states reads beyond the family: DeepSpeed's knobs, the bf16 params
         self.state_knobs = self.ds_knobs or ((True,) if self.low_precision_params else ())
         return self
 

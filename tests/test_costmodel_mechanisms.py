@@ -298,7 +298,6 @@ def test_megatron_lms_bf16_module_under_ddp_is_priced_with_its_bytes():
     main copy and fp32 main grads per parameter (2 + 4 + 4 B against autocast's 4 + 4), and no autocast: the
     residual stream and the pipeline's sends in bf16, so the element-wise time falls and the pp bytes halve."""
     from harness.costmodel import predict
-    from harness.costmodel.params import numel
     from harness.validate import validate
 
     def pred(*extra):

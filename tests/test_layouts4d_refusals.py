@@ -71,7 +71,8 @@ def test_low_precision_params_need_the_distributed_optimizer_under_bf16(tmp_path
                                         "workload.precision=bf16-mixed", "strategy.low_precision_params=true"], tmp_path))
     assert validate(run).world_size == 4
     ddp = ["strategy=ddp", "parallel.dp=2", "workload.precision=bf16-mixed", "strategy.low_precision_params=true"]
-    assert "priced by the cost model" in refusal(tmp_path, *ddp) and "not run" in refusal(tmp_path, *ddp)
+    msg = refusal(tmp_path, *ddp)
+    assert "priced by the cost model" in msg and "not run" in msg
     assert validate(to_run_config(compose_config(["model=tiny", *ddp], tmp_path)), torch_runs=False).dp == 2
 
 

@@ -27,6 +27,18 @@ def test_plan_1024_gpus_prints_table_and_throughput(capsys):
     assert "top 10 by predicted tokens/s" in "\n".join(out)
 
 
+def test_plan_says_when_the_workload_defaults_decide_a_gpu_table(capsys):
+    """The CPU defaults (global batch 8, fp32) on 1024 GPUs force tp x pp >= 128 and the fp32 rate: the
+    planner says so under the table; a GPU plan with a training batch and bf16 gets no note."""
+    assert main(["model=gpt_70b", "hardware=h100_sxm", "plan.gpus=1024", "plan.top_k=1"]) == 0
+    notes = [x for x in capsys.readouterr().out.splitlines() if x.startswith("note: ")]
+    assert len(notes) == 2
+    assert "precision fp32 on h100_sxm" in notes[0] and "bf16-mixed" in notes[0]
+    assert "global batch 8 sequences on 1024 devices" in notes[1] and "tp x pp >= 128" in notes[1]
+    assert main(BIG[:3] + ["plan.top_k=1"] + BIG[4:]) == 0
+    assert "note: " not in capsys.readouterr().out
+
+
 def test_plan_ranks_feasible_configs_that_brigade_accepts():
     run = compose_run(BIG)
     cands, counts = search(run, 1024)

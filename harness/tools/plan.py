@@ -214,6 +214,22 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
     return t
 
 
+def hints(run, gpus: int) -> list[str]:
+    """What in the workload, not the layouts, decides the table: the defaults suit a few CPU ranks (global
+    batch 8, fp32), so a GPU cluster's plan made with them ranks layouts nobody would run."""
+    hw, w = run.hardware, run.workload
+    out = []
+    if hw.device != "cpu" and w.precision == "fp32":
+        fp32, bf16 = hw.peak_tflops.get("fp32"), hw.peak_tflops.get("bf16")
+        out.append(f"precision fp32 on {hw.name}: every GEMM at the fp32 peak ({fp32:g} TFLOP/s) where bf16 tensor "
+                   f"cores give {bf16:g}; GPU training runs workload.precision=bf16-mixed")
+    if w.global_batch_size < gpus:
+        out.append(f"global batch {w.global_batch_size} sequences on {gpus} devices: dp x mb <= "
+                   f"{w.global_batch_size}, so every layout has tp x pp >= {-(-gpus // w.global_batch_size)}; "
+                   f"set workload.global_batch_size to the batch you train with")
+    return out
+
+
 def run_top(cands: list[Candidate], k: int, overrides: list[str], by: str = "degrees") -> int:
     """Run the best k distinct layouts as one brigade sweep (hydra.sweeper.runs), then print predicted
     vs measured rank and Spearman's rho (harness/tools/plan_check.py)."""
@@ -269,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory, {counts['oom']} over "
                   f"{run.hardware.memory_GiB:g} GiB; global batch {run.workload.global_batch_size} "
                   f"(workload.global_batch_size) fixes the micro-batch count m = global / (dp * mb)")
+    for line in hints(run, gpus):
+        console.print(f"[yellow]note: {line}[/]")
     rc = 0
     if top and cands:
         rc = run_top(cands, top, args.overrides, run.plan.run_top_by)

@@ -50,6 +50,14 @@ PRECISIONS = tuple(PRECISION_BYTES)
 PEAK_KEY = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}  # -> hardware peak_tflops / achievable_tflops key
 
 
+def fp32_on_gpu_note(name: str, device: str, peak_tflops: dict, precision: str) -> str | None:
+    """What the workload's CPU default precision means on a GPU profile (predict and plan print it)."""
+    if device == "cpu" or precision != "fp32":
+        return None
+    return (f"precision fp32 on {name}: every GEMM at the fp32 peak ({peak_tflops.get('fp32', 0):g} TFLOP/s) where "
+            f"bf16 tensor cores give {peak_tflops.get('bf16', 0):g}; GPU training runs workload.precision=bf16-mixed")
+
+
 @dataclass(frozen=True)
 class StrategyRow:
     name: str

@@ -9,7 +9,7 @@ import pytest
 from harness.catalog import strategy_for as strategy_of
 from harness.tools.plan import main, search
 from harness.config import compose_run
-from harness.tools.predict import predict_overrides
+from harness.tools.predict import predict_overrides, summary
 from tests.helpers import records
 
 LAST = re.compile(r"^evaluated (\d+) configs in ([\d.]+) s \((\d+) configs/s\)$")
@@ -37,6 +37,10 @@ def test_plan_says_when_the_workload_defaults_decide_a_gpu_table(capsys):
     assert "global batch 8 sequences on 1024 devices" in notes[1] and "tp x pp >= 128" in notes[1]
     assert main(BIG[:3] + ["plan.top_k=1"] + BIG[4:]) == 0
     assert "note: " not in capsys.readouterr().out
+    gpu = ["model=gpt_7b", "hardware=h100_sxm", "strategy=zero3", "parallel.dp=4"]
+    assert "note           precision fp32 on h100_sxm" in summary(predict_overrides(gpu))  # predict says it too
+    assert "note" not in summary(predict_overrides(gpu + ["workload.precision=bf16-mixed"]))
+    assert "note" not in summary(predict_overrides(["model=small"]))  # fp32 is a CPU's precision
 
 
 def test_plan_ranks_feasible_configs_that_brigade_accepts():

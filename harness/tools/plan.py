@@ -218,11 +218,7 @@ def hints(run, gpus: int) -> list[str]:
     """What in the workload, not the layouts, decides the table: the defaults suit a few CPU ranks (global
     batch 8, fp32), so a GPU cluster's plan made with them ranks layouts nobody would run."""
     hw, w = run.hardware, run.workload
-    out = []
-    if hw.device != "cpu" and w.precision == "fp32":
-        fp32, bf16 = hw.peak_tflops.get("fp32"), hw.peak_tflops.get("bf16")
-        out.append(f"precision fp32 on {hw.name}: every GEMM at the fp32 peak ({fp32:g} TFLOP/s) where bf16 tensor "
-                   f"cores give {bf16:g}; GPU training runs workload.precision=bf16-mixed")
+    out = [n for n in [catalog.fp32_on_gpu_note(hw.name, hw.device, hw.peak_tflops, w.precision)] if n]
     if w.global_batch_size < gpus:
         out.append(f"global batch {w.global_batch_size} sequences on {gpus} devices: dp x mb <= "
                    f"{w.global_batch_size}, so every layout has tp x pp >= {-(-gpus // w.global_batch_size)}; "

@@ -42,6 +42,7 @@ def summary(out: dict) -> str:
     """The figures a reader looks at first, one per line (the rest: --json)."""
     if out["status"] != "ok":
         return f"invalid: {out['error']}"
+    from harness.catalog import fp32_on_gpu_note
     from harness.labels import base_label
     from harness.report.fmt import nbytes
 
@@ -61,6 +62,9 @@ def summary(out: dict) -> str:
              + f"; {out.get('comm_share_pct', 0):.1f} % of the step",
              *([f"  not run        brigade's runtime refuses it, the cost model prices it: {out['not_run']}"]
                if "not_run" in out else []),
+             *([f"  note           {note}"] if (note := fp32_on_gpu_note(
+                 c["hardware"]["name"], c["hardware"]["device"], c["hardware"]["peak_tflops"], c["workload"]["precision"]))
+               else []),
              "all figures: --json (names and units: results/README.md)"]
     return "\n".join(lines)
 

@@ -124,36 +124,11 @@ for study in gpu_single dp_vs_3d; do
   [ -f "$RESULTS/$study.jsonl" ] && { echo; echo "== $study: measured / predicted"; $PY -m harness.fidelity "$RESULTS/$study.jsonl"; }
 done
 
-# 4. the single-device steps predicted on the measured profile (step 0) as well as on the cited one
+# 4. the single-device steps predicted again on the measured profile (step 0): step 3's tables on it, so each
+#    kind of work's measured / predicted stands beside the cited profile's (harness/tools/fidelity.py --repredict)
 if [ -n "$MEASURED" ] && [ -f "$RESULTS/gpu_single.jsonl" ]; then
-$PY - "$RESULTS" "$MEASURED" <<'PYEOF'
-import sys
-from pathlib import Path
-from harness.config import compose_run
-from harness.costmodel import predict
-from harness.run.record import latest_by_run_id, read
-from harness.validate import validate
-print(f"\ngpu_single predicted on hardware={sys.argv[2]}: model compile | measured step s | predicted cited / measured "
-      f"profile | measured / predicted cited / measured profile")
-for r in latest_by_run_id(read(Path(sys.argv[1]) / "gpu_single.jsonl")).values():
-    if r["status"] != "ok":
-        continue
-    c = r["config"]
-    run = compose_run([f"hardware={sys.argv[2]}", "strategy=single", f"model={c['model']['name']}", "logger=none",
-                       f"model.n_layers={c['model']['n_layers']}", f"model.seq_len={c['model']['seq_len']}",
-                       *(f"workload.{k}={c['workload'][k]}" for k in ("precision", "global_batch_size", "micro_batch_size"))])
-    pred = predict(run, validate(run))
-    again = pred["step_time_s"]
-    m, p = r["measured"]["step_time_s"], r["predicted"]["step_time_s"]
-    print(f"  {c['model']['name']} {c['workload'].get('compile')} | {m:.4f} | {p:.4f} / {again:.4f} | {m / p:.3f} / {m / again:.3f}")
-    # the profiled compute by kind of work against both profiles: which term the gap is in
-    meas = r["measured"]
-    for kind in ("gemm", "attention", "elementwise", "optimizer"):
-        k = f"compute_{kind}_time_s"
-        if meas.get(k) is not None and r["predicted"].get(k) and pred.get(k):
-            print(f"      {kind:11s} measured {meas[k]:.4f} s | measured / predicted cited {meas[k] / r['predicted'][k]:.3f}"
-                  f" / measured profile {meas[k] / pred[k]:.3f}")
-PYEOF
+  echo; echo "== gpu_single: measured / predicted on hardware=$MEASURED"
+  $PY -m harness.fidelity "$RESULTS/gpu_single.jsonl" --repredict "hardware=$MEASURED"
 fi
 if [ -n "$FAILED" ]; then
   echo "== not every run ended ok:$FAILED (the tables above and each record's error say why)" >&2

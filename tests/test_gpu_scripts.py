@@ -74,15 +74,20 @@ def test_gpu_checks_tables_read_a_real_profiled_record(tmp_path, single_referenc
     rec["measured"]["compute_top_kernels"] = [{"name": "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "kind": "gemm",
                                                "time_s": 0.0123, "count": 96.0}]
     (tmp_path / "gpu_single.jsonl").write_text(json.dumps(rec) + "\n")
-    tables, again = _python_blocks((REPO / "scripts" / "gpu_check.sh").read_text())
+    script = (REPO / "scripts" / "gpu_check.sh").read_text()
+    (tables,) = _python_blocks(script)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-", str(tmp_path)], input=tables, text=True, capture_output=True,
                          cwd=REPO, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"single {rec['config']['model']['name']}" in out.stdout
     assert "gemm" in out.stdout and "12.30 ms x96  nvjet_hsh_128x256" in out.stdout, out.stdout
-    out = subprocess.run([sys.executable, "-", str(tmp_path), "cpu"], input=again, text=True, capture_output=True,
-                         cwd=REPO, env=env, timeout=120)
+    # step 4: the same record predicted again on another profile, as the script calls it
+    assert '$PY -m harness.fidelity "$RESULTS/gpu_single.jsonl" --repredict "hardware=$MEASURED"' in script
+    out = subprocess.run([sys.executable, "-m", "harness.fidelity", str(tmp_path / "gpu_single.jsonl"), "--repredict",
+                          "hardware=cpu"], text=True, capture_output=True, cwd=REPO, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("predicted again by this checkout's cost model, on hardware=cpu"), out.stdout
+    assert "1 records, hardware cpu;" in out.stdout, out.stdout
     for kind in ("gemm", "attention", "elementwise", "optimizer"):
-        assert f"      {kind}" in out.stdout, out.stdout
+        assert f"{kind} meas/pred" in out.stdout, out.stdout

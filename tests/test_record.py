@@ -156,6 +156,29 @@ def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
     assert "| single | 1.200 /" in table(passes + [failed], best=True)
 
 
+def test_fidelity_predicts_records_again_on_their_own_or_another_profile():
+    """--repredict: the committed demo records predicted again from their own configs; on the profile they
+    were recorded on (cpu_reference) the same as from the copy in each record, on another its figures, and
+    the ratios made again from the new predictions; three configs or more get a rank correlation."""
+    from harness.collect.fidelity import ratios
+    from harness.tools.fidelity import predict_again, rank_line
+
+    src = Path(__file__).parents[1] / "results" / "reference" / "demo.jsonl"
+    recs = rec.read(src)
+    own, errors = predict_again(recs)
+    assert not errors and len(own) == sum(r["status"] == "ok" for r in recs) == 6
+    named, _ = predict_again(recs, "cpu_reference")
+    other, _ = predict_again(recs, "cpu")
+    steps = lambda rs: [r["predicted"]["step_time_s"] for r in rs]  # noqa: E731
+    assert steps(named) == steps(own) != steps(other)
+    assert {r["config"]["hardware"]["name"] for r in other} == {"cpu"}
+    assert all(r["fidelity"] == ratios(r["measured"], r["predicted"]) for r in other)
+    assert [r["measured"] for r in other] == [r["measured"] for r in recs]  # measurements untouched
+    line = rank_line(own)
+    assert line.startswith("Spearman rho of predicted vs measured tokens/s over these 6 configs: ")
+    assert rank_line(own[:2]) == ""
+
+
 def test_a_reader_waits_for_an_append_in_progress(tmp_path):
     """read() takes the append's flock shared: while a writer holds it, the reader waits rather than see
     the part of a record the kernel has copied so far (a torn last line, seen by a lockless poll)."""

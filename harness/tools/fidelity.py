@@ -1,8 +1,14 @@
-"""`python -m harness.fidelity results/<study>.jsonl ... [--best]`: a study's measured/predicted ratios
-as a Markdown table, one row per config (the ratios themselves: harness/collect/fidelity.py). Each
-config's latest ok record; with --best its fastest ok record over every file given (the best of
-several passes of the same study, which is how a shared machine's noise is set aside: issue 13's
-fidelity goal is the best of 3)."""
+"""`python -m harness.fidelity results/<study>.jsonl ... [--best] [--repredict [hardware=<profile>]]`: a
+study's measured/predicted ratios as a Markdown table, one row per config (the ratios themselves:
+harness/collect/fidelity.py). Each config's latest ok record; with --best its fastest ok record over every
+file given (the best of several passes of the same study, which is how a shared machine's noise is set
+aside: issue 13's fidelity goal is the best of 3). With three configs or more, the last line ranks them:
+Spearman's rho of predicted against measured tokens/s (harness/tools/plan_check.py).
+
+--repredict predicts every record again with this checkout's cost model, from the record's own config and
+degrees, and with hardware=<profile> (a conf/hardware name, e.g. local/cpu_<hostname>) on that profile in
+place of the recorded one: a cost-model change, or a machine's new calibration, checked against the
+measurements already on disk without running anything again."""
 from __future__ import annotations
 
 import sys
@@ -86,19 +92,77 @@ def compute_table(records: list[dict], best: bool = False) -> str:
     return "\n".join(lines)
 
 
+def predict_again(records: list[dict], hardware: str | None = None) -> tuple[list[dict], list[str]]:
+    """(the ok records with `predicted` and `fidelity` made again by this checkout's cost model, why the
+    others could not be): each from the record's own config and degrees, on `hardware` (a conf/hardware
+    profile name) instead of the recorded profile if given."""
+    import copy
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from harness.collect.fidelity import ratios as fidelity_ratios
+    from harness.config import compose_run, to_run_config
+    from harness.costmodel import predict
+    from harness.dims import ParallelDims
+
+    profile = dataclasses.asdict(compose_run([f"hardware={hardware}"]).hardware) if hardware else None
+    out, errors = [], []
+    for r in records:
+        if r["status"] != "ok":
+            continue
+        r = copy.deepcopy(r)
+        if profile is not None:
+            r["config"]["hardware"] = profile
+        try:
+            r["predicted"] = predict(to_run_config(OmegaConf.create(r["config"])), ParallelDims(**r["dims"]))
+        except Exception as e:  # a record of an older schema, or a config this checkout refuses
+            errors.append(f"{r['run_id']}: {type(e).__name__}: {e}")
+            continue
+        r["fidelity"] = fidelity_ratios(r["measured"], r["predicted"])
+        out.append(r)
+    return out, errors
+
+
+def rank_line(records: list[dict], best: bool = False) -> str:
+    """Spearman's rho of predicted against measured tokens/s over the configs the table shows ("" below 3)."""
+    from harness.run.record import latest_by_run_id
+    from harness.tools.plan_check import spearman
+
+    rows = [r for r in (fastest_by_run_id(records) if best else latest_by_run_id(records)).values()
+            if r["status"] == "ok" and r["predicted"].get("tokens_per_s") and r["measured"].get("tokens_per_s")]
+    if len(rows) < 3:
+        return ""
+    rho = spearman([r["predicted"]["tokens_per_s"] for r in rows], [r["measured"]["tokens_per_s"] for r in rows])
+    return f"Spearman rho of predicted vs measured tokens/s over these {len(rows)} configs: {rho:.2f}"
+
+
 def main(argv: list[str]) -> int:
+    import argparse
+
     from harness.run.record import read
 
-    best = "--best" in argv
-    paths = [a for a in argv if a != "--best"]
-    if not paths:
-        print("usage: python -m harness.fidelity <results/study.jsonl> ... [--best]", file=sys.stderr)
-        return 2
-    records = [r for path in paths for r in read(path)]
-    print(table(records, best))
-    split = compute_table(records, best)
+    p = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="+", help="results/<study>.jsonl files")
+    p.add_argument("--best", action="store_true", help="each config's fastest ok record over every file")
+    p.add_argument("--repredict", nargs="?", const="", metavar="hardware=PROFILE",
+                   help="predict every record again with this checkout's cost model (on PROFILE if given)")
+    args = p.parse_args(argv)
+    records = [r for path in args.paths for r in read(path)]
+    if args.repredict is not None:
+        hardware = args.repredict.removeprefix("hardware=") or None
+        records, errors = predict_again(records, hardware)
+        for e in errors:
+            print(f"not predicted again: {e}", file=sys.stderr)
+        where = f"hardware={hardware}" if hardware else "each record's own hardware profile"
+        print(f"predicted again by this checkout's cost model, on {where}\n")
+    print(table(records, args.best))
+    split = compute_table(records, args.best)
     if split:
         print("\n" + split)
+    ranked = rank_line(records, args.best)
+    if ranked:
+        print("\n" + ranked)
     return 0
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from harness.config import as_dict, compose_run
-from harness.costmodel import comm, pipeline
+from harness.costmodel import comm, pipeline, schedule
 from harness.costmodel.estimate import evaluate
 from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.layout import placement
@@ -117,19 +117,40 @@ def test_a_pipelines_stages_run_at_the_rate_of_the_stages_computing_with_them():
     of the ranks' 24 busy units 6 run alone and 18 together. Stretching each instant by relative[k]
     (k stages computing) stretches the span and the busy time so."""
     r = 0.8
-    assert pipeline.busy_warp("1f1b", 2, 1, 4, (1.0, r, 1.0)) == pytest.approx(((6 * r + 9) / 15, (6 * r + 18) / 24))
-    assert pipeline.busy_warp("1f1b", 2, 1, 4, (1.0, 1.0, 1.0)) == (1.0, 1.0)
+    span, busy = pipeline.warped_timeline("1f1b", 2, 1, 4, (1.0, r, 1.0))
+    assert span == pytest.approx(6 * r + 9) and sum(busy) == pytest.approx(6 * r + 18)
+    assert pipeline.warped_timeline("1f1b", 2, 1, 4, (1.0, 1.0, 1.0)) == (15.0, (12.0, 12.0))
+
+
+def test_the_schedule_runs_each_stage_at_its_own_cost():
+    """1F1B, 2 stages, 4 micro-batches, the last stage twice the first (its head and loss): stage 1 never
+    waits once it has its first input, so the step is stage 0's first forward (1), stage 1's 4 x (2 + 4)
+    and stage 0's last backward (2): 27 units, against 15 with equal stages; stage 0 idles 27 - 12.
+    (F = 1, B = 2 units on a plain stage: schedule.py's timeline.)"""
+    equal, heavy = schedule.simulate("1f1b", 2, 4), schedule.simulate("1f1b", 2, 4, 1, (1.0, 2.0))
+    assert (equal.makespan, heavy.makespan) == (15.0, 27.0)
+    busy = [sum(e["end_s"] - e["start_s"] for e in heavy.events if e["rank"] == r) for r in (0, 1)]
+    assert busy == [12.0, 24.0]
+    # the CPU model's pipeline: with the head on the last stage its ranks wait on it, so fewer of them
+    # compute at once than with equal stages, and the bubble is the timeline's (step_time._cpu_pipeline)
+    assert pipeline.warped_timeline("1f1b", 2, 1, 4, (1.0, 1.0, 1.0), (1.0, 2.0)) == (27.0, (12.0, 24.0))
+    r = 0.8  # each instant with one stage computing runs at 0.8 of the all-busy time
+    span, busy = pipeline.warped_timeline("1f1b", 2, 1, 4, (1.0, r, 1.0), (1.0, 2.0))
+    # stage 0 computes beside stage 1 for 9 of its 12 units (not F of mb 0, B of mb 3): 9 units with both
+    # busy, 18 with one (stage 0's 3, stage 1's 15)
+    assert span == pytest.approx(18 * r + 9) and busy == pytest.approx((9 + 3 * r, 9 + 15 * r))
 
 
 @pytest.mark.parametrize("pp,corun", [(2, {"cores": 2, "gemm": 1.25, "memory": 1.5}), (4, None)])
 def test_cpu_pipeline_fill_and_drain_run_faster_than_its_steady_state(monkeypatch, pp, corun):
     """pp 2 on 2 cores: one stage alone escapes the co-running slowdown; pp 4 on 2 cores: fewer than 4
-    stages computing time-share less. The pipeline's span (compute + bubble) is the unwarped one
-    stretched by pipeline.busy_warp's span, and the busy part by its busy factor."""
+    stages computing time-share less. The pipeline's span (compute + bubble) is the unwarped timeline's
+    stretched by pipeline.warped_timeline, and the busy part less than the span."""
     hw = hardware(corun=corun)
     warped = predict(hw, pp=pp, strategy="pp", m=4)
-    with monkeypatch.context() as mp:
-        mp.setattr(pipeline, "busy_warp", lambda *a: (1.0, 1.0))
+    timeline = pipeline.warped_timeline
+    with monkeypatch.context() as mp:  # every instant at the all-busy rate
+        mp.setattr(pipeline, "warped_timeline", lambda s, p, v, m, rel, scale: timeline(s, p, v, m, (1.0,) * len(rel), scale))
         flat = predict(hw, pp=pp, strategy="pp", m=4)
     span = lambda p: p["compute_time_s"] + p["bubble_time_s"] - p["optimizer_time_s"]  # noqa: E731
     busy = lambda p: p["compute_time_s"] - p["optimizer_time_s"]  # noqa: E731

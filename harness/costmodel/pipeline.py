@@ -15,10 +15,11 @@ i.e. backward twice the forward, split evenly into input- and weight-gradient ha
 
 On CPU the stages share the cores: a rank computes slower the more ranks compute at once (time-sharing
 beyond the core count, and calibrate's co-running slowdown from two on). While the pipeline fills and
-drains fewer stages compute, so those actions run faster than the steady state's. `busy_warp` takes the
-schedule's own timeline (schedule.py, equal stages) and stretches each instant by the slowdown of the
-stages busy then, relative to all busy; every rank busy at that instant is slowed alike, so the
-stretched timeline keeps the schedule's order and its dependencies.
+drains, or waits on a slower stage, fewer stages compute, so those actions run faster than the steady
+state's. `warped_timeline` takes the schedule's own timeline (schedule.py, each stage at its own cost:
+the last one holds the head and the loss) and stretches each instant by the slowdown of the stages busy
+then, relative to all busy; every rank busy at that instant is slowed alike, so the stretched timeline
+keeps the schedule's order and its dependencies (processor sharing with the schedule's order fixed).
 """
 from __future__ import annotations
 
@@ -72,21 +73,24 @@ def bubble_pct(schedule: str, pp: int, vpp: int, m: int) -> float:
 
 
 @lru_cache(maxsize=4096)
-def busy_warp(schedule: str, pp: int, vpp: int, m: int, relative: tuple) -> tuple[float, float]:
-    """(span, busy): the pipeline's makespan and the mean rank's busy time, each stretched by
-    relative[k], the time of an action while k stages compute over its time with all pp computing
-    (relative[pp] = 1; relative[0], no stage busy, is 1), as fractions of their unstretched values."""
+def warped_timeline(schedule: str, pp: int, vpp: int, m: int, relative: tuple,
+                    stage_scale: tuple | None = None) -> tuple[float, tuple[float, ...]]:
+    """(makespan, each rank's busy time) of the schedule's timeline (schedule.py; stage_scale: stages of
+    unequal cost) with every instant stretched by relative[k], the time of an action while k stages
+    compute over its time with all pp computing (relative[pp] = 1; relative[0], no stage busy, is 1); in
+    the simulator's units (a plain chunk's forward = 1/v)."""
+    events = sched.simulate(schedule, pp, m, vpp, stage_scale).events
     changes: dict[float, int] = {}
-    for e in sched.simulate(schedule, pp, m, vpp).events:
+    for e in events:
         changes[e["start_s"]] = changes.get(e["start_s"], 0) + 1
         changes[e["end_s"]] = changes.get(e["end_s"], 0) - 1
-    span = stretched = busy = busy_stretched = 0.0
-    k, t0 = 0, 0.0
+    stretched_at: dict[float, float] = {0.0: 0.0}  # unstretched instant -> stretched instant
+    k, t0, at = 0, 0.0, 0.0
     for t1 in sorted(changes):
-        dt = t1 - t0
-        span += dt
-        stretched += dt * relative[k]
-        busy += k * dt
-        busy_stretched += k * dt * relative[k]
+        at += (t1 - t0) * relative[k]
+        stretched_at[t1] = at
         k, t0 = k + changes[t1], t1
-    return stretched / span, busy_stretched / busy
+    busy = [0.0] * pp
+    for e in events:
+        busy[e["rank"]] += stretched_at[e["end_s"]] - stretched_at[e["start_s"]]
+    return at, tuple(busy)

@@ -108,8 +108,9 @@ def _interleaved(p: int, v: int, m: int, r: int) -> list[tuple[str, int, int]]:
     return ops
 
 
-def simulate(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Simulation:
-    """The predicted timeline of one step of `schedule` with unit durations (see the module docstring)."""
+def simulate(schedule: str, pp: int, num_microbatches: int, vpp: int = 1, stage_scale: tuple | None = None) -> Simulation:
+    """The predicted timeline of one step of `schedule` with unit durations (see the module docstring), or
+    with stage_scale[s] times them on stage s (stages of unequal cost: the last one holds the head and loss)."""
     if schedule not in catalog.SCHEDULES:
         raise ValueError(f"unknown schedule '{schedule}'; known: {', '.join(catalog.SCHEDULES)}")
     row = catalog.schedule(schedule)
@@ -117,7 +118,9 @@ def simulate(schedule: str, pp: int, num_microbatches: int, vpp: int = 1) -> Sim
     v = catalog.chunks_per_rank(schedule, vpp)
     assert p >= 1 and m >= 1 and v >= 1, (p, m, v)
     split = row.split_backward
-    dur = {"F": 1.0 / v, "B": (1.0 if split else 2.0) / v, "W": 1.0 / v}
+    unit = {"F": 1.0 / v, "B": (1.0 if split else 2.0) / v, "W": 1.0 / v}
+    scale = stage_scale or (1.0,) * (p * v)
+    dur = {(a, st): d * scale[st] for a, d in unit.items() for st in range(p * v)}
     sim = Simulation(schedule, p, v, m, approximate=row.order == "greedy")
     if row.order == "greedy":
         sim.events = _greedy(schedule, p, v, m, dur)
@@ -149,7 +152,7 @@ def _run_orders(schedule, p, m, orders, dur, split) -> list[dict]:
     events: list[dict] = []
 
     def emit(r, a, s, mb, start):
-        end = start + dur[a]
+        end = start + dur[(a, s)]
         done[(a, s, mb)] = end
         free[r] = end
         events.append({"rank": r, "stage": s, "mb": mb, "action": a, "start_s": start, "end_s": end})
@@ -170,7 +173,7 @@ def _run_orders(schedule, p, m, orders, dur, split) -> list[dict]:
         if best is not None:
             start, r, a, s, mb = best
             # fill the wait with a weight-grad action if one fits before the inputs arrive
-            if split and pending_w[r] and free[r] + dur["W"] <= start:
+            if split and pending_w[r] and free[r] + dur[("W", pending_w[r][0][0])] <= start:
                 ws, wmb = pending_w[r].pop(0)
                 emit(r, "W", ws, wmb, free[r])
                 continue
@@ -221,7 +224,7 @@ def _greedy(schedule, p, v, m, dur) -> list[dict]:
             limit = [x + 1 for x in limit]
             continue
         r, (start, _, _, mb, a, s) = best
-        end = start + dur[a]
+        end = start + dur[(a, s)]
         done[(a, s, mb)] = end
         free[r] = end
         todo[r].remove((a, s, mb))

@@ -4,7 +4,8 @@
     compute  = m * t_mb + optimizer step and gradient accumulation bytes / memory bandwidth
                (+ the optimizer step's DTensor dispatch with tp > 1 on a CPU profile that measured it)
     bubble   = bubble_units * t_mb / v   (harness/costmodel/pipeline.py); on CPU, where stages share the
-               cores, compute + bubble stretch by pipeline.busy_warp: fill and drain run faster
+               cores, the schedule's timeline with each stage's own cost, each instant stretched by the
+               stages busy then (pipeline.warped_timeline): its makespan less the slowest rank's busy time
     comm     = Σ α-β times per axis (comm.py, dp_comm.py); tp and pp per call from calibrate's measured time
                per message size where the profile has one (comm.call_s), tp's collectives (all-reduce;
                sequence parallel: all-gather, reduce-scatter) as a step meets them where calibrate
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness import catalog
 from harness.costmodel import comm
 from harness.costmodel import pipeline as pipe
 from harness.costmodel import traffic
@@ -41,8 +43,9 @@ class ComputeTime:
     matmul_s: float  # m micro-batches of the slowest rank's GEMMs and attention
     optimizer_s: float
     compute_s: float
-    span_warp: float = 1.0  # CPU pipelines: makespan / its all-stages-busy value (pipeline.busy_warp)
-    busy_warp: float = 1.0  # ... a rank's busy time / its all-stages-busy value
+    busy_warp: float = 1.0  # CPU pipelines: the slowest rank's busy time / its all-stages-busy value
+    pipe_s: float = 0.0  # ... the warped timeline's makespan (pipeline.warped_timeline; 0: the bubble formula's)
+    idle_mean_s: float = 0.0  # ... and the ranks' mean idle time in it
     attention_s: float = 0.0  # the attention core's part of matmul_s
     host_s: float = 0.0  # the operators' host work in matmul_s (dispatch, DTensor, FSDP2; CPU profiles)
     accumulate_s: float = 0.0  # gradient accumulation's part of optimizer_s (a trace sees it in the backward)
@@ -65,29 +68,41 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
             slowest, slowest_matmul, slowest_parts = matmul + elementwise, matmul, times.rank_parts(rank, ckpt)
     accumulate_s = (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems / lo.mem_bw if lo.mem_bw else 0.0
     optimizer_s = (lo.optimizer_traffic_bytes / lo.mem_bw if lo.mem_bw else 0.0) + accumulate_s + lo.optimizer_dispatch_s
-    span, busy = _cpu_pipeline_warp(lo, m, slowest_matmul / slowest if slowest else 1.0)
+    pipe_s, busy_s, idle_mean_s = _cpu_pipeline(lo, m, times, ckpt, slowest_matmul / slowest if slowest else 1.0)
+    busy = busy_s / (m * slowest) if pipe_s else 1.0
     return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
-                       span, busy, attention_s=m * slowest_parts[0] * busy, host_s=m * slowest_parts[1] * busy,
-                       accumulate_s=accumulate_s)
+                       busy, pipe_s, idle_mean_s, attention_s=m * slowest_parts[0] * busy,
+                       host_s=m * slowest_parts[1] * busy, accumulate_s=accumulate_s)
 
 
 WARP_MAX_CHUNKS = 1024  # a CPU layout beyond this keeps the all-busy rate (a 2-core VM runs pp <= 4)
 
 
-def _cpu_pipeline_warp(lo, m: int, gemm_share: float) -> tuple[float, float]:
-    """pipeline.busy_warp for CPU stages sharing the cores (1, 1 elsewhere): with k of p stages busy,
-    k * ranks_per_node / p ranks compute; their GEMM and memory-bound shares slow down as
-    layout.cpu_slowdowns says, relative to all stages busy (the rates per_rank_s holds)."""
+def _cpu_pipeline(lo, m: int, times, ckpt: str, gemm_share: float) -> tuple[float, float, float]:
+    """(makespan, the slowest rank's busy time, the ranks' mean idle time), seconds, of a pipeline whose
+    stages share a CPU's cores; (0, 0, 0) elsewhere. pipeline.warped_timeline runs the schedule with each
+    stage's own cost (the last stage's head and loss: on model=small about two blocks' worth, so the other
+    ranks wait on it and fewer stages compute at once than with equal stages) and stretches each instant
+    with k of p stages busy, k * ranks_per_node / p ranks computing, as layout.cpu_slowdowns says for
+    their GEMM and memory-bound shares, relative to all stages busy (the rates per_rank_s holds)."""
     pl = lo.place
     if lo.hw.device != "cpu" or pl.pp <= 1 or (pl.slowdown == 1.0 and pl.mem_slowdown == 1.0):
-        return 1.0, 1.0
+        return 0.0, 0.0, 0.0
     if pl.pp * pl.vpp * m > WARP_MAX_CHUNKS:  # the V schedules' simulator is quadratic in its actions
-        return 1.0, 1.0
+        return 0.0, 0.0, 0.0
     relative = [1.0]
     for k in range(1, pl.pp + 1):
         gemm, memory = cpu_slowdowns(lo.hw, k * pl.ranks_per_node / pl.pp)
         relative.append(round(gemm_share * gemm / pl.slowdown + (1 - gemm_share) * memory / pl.mem_slowdown, 6))
-    return pipe.busy_warp(lo.strategy.schedule, pl.pp, pl.vpp, m, tuple(relative))
+    rank = lo.ranks[0]
+    chunk = rank.layers / len(rank.stages) * (times.layer[ckpt] + times.layer_traffic[ckpt])  # one stage, F + B
+    head = times.head + times.head_traffic
+    n_stages = pl.pp * catalog.chunks_per_rank(lo.strategy.schedule, pl.vpp)
+    scale = (1.0,) * (n_stages - 1) + (round(1.0 + head / chunk, 4),) if chunk else None
+    span_units, busy_units = pipe.warped_timeline(lo.strategy.schedule, pl.pp, pl.vpp, m, tuple(relative), scale)
+    per_unit = chunk * n_stages / pl.pp / 3  # a chunk's F + B is 3 / v units of the simulator
+    pipe_s = span_units * per_unit
+    return pipe_s, max(busy_units) * per_unit, pipe_s - sum(busy_units) / len(busy_units) * per_unit
 
 
 def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
@@ -103,10 +118,11 @@ def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
     t = ct.per_rank_s
     t_all = [t[0], *[t[min(1, pl.pp - 1)]] * (pl.pp - 2), t[pl.pp - 1]]
     others = (sum(t_all) - t_mb) / (pl.pp - 1)
-    span, busy = ct.span_warp, ct.busy_warp  # 1 but on CPU pipelines (compute_time)
-    pipe_s = (m * t_mb + units * others / pl.vpp) * span
-    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all) * busy
-    return (m + units / pl.vpp) * t_mb * span - m * t_mb * busy, 100 * idle_mean_s / pipe_s
+    if ct.pipe_s:  # CPU pipelines: the warped timeline of the stages' own costs (compute_time)
+        return ct.pipe_s - m * t_mb * ct.busy_warp, 100 * ct.idle_mean_s / ct.pipe_s
+    pipe_s = m * t_mb + units * others / pl.vpp
+    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all)
+    return units / pl.vpp * t_mb, 100 * idle_mean_s / pipe_s
 
 
 def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:

@@ -86,7 +86,7 @@ def _cpu_pipeline(lo, m: int, times, ckpt: str, gemm_share: float) -> tuple[floa
     with k of p stages busy, k * ranks_per_node / p ranks computing, as layout.cpu_slowdowns says for
     their GEMM and memory-bound shares, relative to all stages busy (the rates per_rank_s holds)."""
     pl = lo.place
-    if lo.hw.device != "cpu" or pl.pp <= 1 or (pl.slowdown == 1.0 and pl.mem_slowdown == 1.0):
+    if lo.hw.device != "cpu" or pl.pp <= 1:
         return 0.0, 0.0, 0.0
     if pl.pp * pl.vpp * m > WARP_MAX_CHUNKS:  # the V schedules' simulator is quadratic in its actions
         return 0.0, 0.0, 0.0

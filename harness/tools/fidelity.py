@@ -32,14 +32,19 @@ def fastest_by_run_id(records: list[dict]) -> dict[str, dict]:
     return out
 
 
+def shown(records: list[dict], best: bool = False) -> list[dict]:
+    """The ok records the tables show: each config's latest, or with best its fastest."""
+    from harness.run.record import latest_by_run_id
+
+    chosen = fastest_by_run_id(records) if best else latest_by_run_id(records)
+    return [r for r in chosen.values() if r["status"] == "ok"]
+
+
 def table(records: list[dict], best: bool = False) -> str:
     """Markdown table: one row per ok record (latest per run_id, or with best its fastest),
     measured/predicted per column, with measured and predicted step time beside the ratio; * marks a
     figure outside the goal."""
-    from harness.run.record import latest_by_run_id
-
-    chosen = fastest_by_run_id(records) if best else latest_by_run_id(records)
-    rows = [r for r in chosen.values() if r["status"] == "ok"]
+    rows = shown(records, best)
     head = ["config", "step s meas/pred"] + [name for _, name in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, label in zip(rows, labels(rows)):
@@ -70,10 +75,8 @@ def compute_table(records: list[dict], best: bool = False) -> str:
     per class measured / predicted seconds and each side's share of its compute; "" where no record was
     profiled. On a CPU the profiler slows small operators most, so the shares are the fairer figure."""
     from harness.collect.compute_classes import CLASSES
-    from harness.run.record import latest_by_run_id
 
-    chosen = fastest_by_run_id(records) if best else latest_by_run_id(records)
-    rows = [r for r in chosen.values() if r["status"] == "ok" and "compute_gemm_time_s" in (r.get("measured") or {})]
+    rows = [r for r in shown(records, best) if "compute_gemm_time_s" in (r.get("measured") or {})]
     if not rows:
         return ""
     head = ["config", "compute s meas / pred"] + [f"{c} meas/pred (share % meas / pred)" for c in CLASSES]
@@ -126,11 +129,9 @@ def predict_again(records: list[dict], hardware: str | None = None) -> tuple[lis
 
 def rank_line(records: list[dict], best: bool = False) -> str:
     """Spearman's rho of predicted against measured tokens/s over the configs the table shows ("" below 3)."""
-    from harness.run.record import latest_by_run_id
     from harness.tools.plan_check import spearman
 
-    rows = [r for r in (fastest_by_run_id(records) if best else latest_by_run_id(records)).values()
-            if r["status"] == "ok" and r["predicted"].get("tokens_per_s") and r["measured"].get("tokens_per_s")]
+    rows = [r for r in shown(records, best) if r["predicted"].get("tokens_per_s") and r["measured"].get("tokens_per_s")]
     if len(rows) < 3:
         return ""
     rho = spearman([r["predicted"]["tokens_per_s"] for r in rows], [r["measured"]["tokens_per_s"] for r in rows])

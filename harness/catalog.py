@@ -32,9 +32,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-AXES = ("dp", "tp", "pp", "ep", "cp")  # mesh axes a strategy can use (harness/dims.py places them)
-# axes whose traffic is counted apart (measured and predicted comm_<axis>_bytes): HSDP's replicas too
-COMM_AXES = (*AXES, "dp_replicate")
 ENGINES = ("torch", "deepspeed")
 # Element size of the low-precision copies (activations, bf16/fp16 params and grads) per precision;
 # fp32 master weights and AdamW state stay 4 bytes whatever the precision.

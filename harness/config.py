@@ -157,7 +157,7 @@ class HardwareConfig:
 class LauncherConfig:
     name: str = "local"  # local | slurm | dryrun (fake process group, launch/dryrun.py)
     nodes: int = 1
-    nproc_per_node: int = 0  # ranks per node; 0 = world size / nodes (world size = dp * tp * pp)
+    nproc_per_node: int = 0  # ranks per node; 0 = world size / nodes (world size = dp * cp * tp * pp)
     timeout_s: float = 900.0  # wall-clock limit per run; the process group is killed at expiry
     master_port: int = 0  # 0 = a free port picked at launch
     # SLURM (launcher=slurm)

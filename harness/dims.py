@@ -18,7 +18,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-AXES = ("pp", "dp", "cp", "tp")  # outermost first: the rank order above
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One parallel degree a config sets (`parallel.<name>`), as every table, label and record shows it."""
+    name: str  # the config key, the ParallelDims field and the key in a record's `dims`
+    short: str  # its degree in a label: dp4, dprep2
+    title: str  # what the report calls it
+    role: str  # "mesh": a strategy sets it and ranks form groups along it; "split": a split of dp with
+    #            traffic of its own (HSDP's replicas); "stages": pipeline stages per rank, no group of ranks
+
+
+# The one enumeration of axes (torchtitan keeps its MeshAxisName the same way), in the order labels show them.
+AXES = (Axis("dp", "dp", "data parallel", "mesh"), Axis("dp_replicate", "dprep", "HSDP replicas", "split"),
+        Axis("cp", "cp", "context parallel", "mesh"), Axis("tp", "tp", "tensor parallel", "mesh"),
+        Axis("pp", "pp", "pipeline parallel", "mesh"), Axis("vpp", "vpp", "virtual stages per rank", "stages"),
+        Axis("ep", "ep", "expert parallel", "mesh"))
+DEGREES = tuple(a.name for a in AXES)
+MESH_AXES = tuple(a.name for a in AXES if a.role == "mesh")  # what a strategy may set > 1
+COMM_AXES = tuple(a.name for a in AXES if a.role != "stages")  # each with its own traffic (comm_<axis>_bytes)
+PLACEMENT = ("pp", "dp", "cp", "tp")  # outermost first: the rank order above
+
+
+def degrees(dims: dict, sep: str = " ") -> str:
+    """`dp2 cp2 tp2 pp2 vpp2` from a record's or a config's degrees; "1" for a one-device run."""
+    return sep.join(f"{a.short}{dims[a.name]}" for a in AXES if (dims.get(a.name) or 1) > 1) or "1"
 
 
 class ConfigError(ValueError):
@@ -37,7 +62,7 @@ class ParallelDims:
     dp_replicate: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "vpp", "ep", "world_size", "cp", "dp_replicate"):
+        for name in (*DEGREES, "world_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         product = self.dp * self.cp * self.tp * self.pp
@@ -101,13 +126,10 @@ class ParallelDims:
         return self.pp * self.vpp
 
     def as_dict(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "ep": self.ep,
-                "world_size": self.world_size, "cp": self.cp, "dp_replicate": self.dp_replicate}
+        return {**{name: getattr(self, name) for name in DEGREES}, "world_size": self.world_size}
 
     def label(self) -> str:
-        parts = [f"{k}{v}" for k, v in (("dp", self.dp), ("dprep", self.dp_replicate), ("cp", self.cp),
-                                        ("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp), ("ep", self.ep)) if v > 1]
-        return "-".join(parts) or "1"
+        return degrees(self.as_dict(), sep="-")
 
     # -- meshes (torch) -------------------------------------------------------------------------
     def build_mesh(self, device_type: str):

@@ -12,9 +12,9 @@ given (`own_label`). Pure: no torch, no Hydra.
 from __future__ import annotations
 
 from harness.config import NON_SEMANTIC_KEYS
+from harness.dims import DEGREES, degrees
 from harness.run.record import flatten
 
-AXES = ("dp", "tp", "pp", "vpp", "ep")
 # Shown in the base label (strategy, engine, degrees, schedule), never again as an extra.
 IN_BASE = ("strategy.name", "strategy.engine", "strategy.schedule", "strategy.zero_stage", "strategy.axes",
            "strategy.impl", "parallel.", "study")
@@ -31,16 +31,11 @@ MEASUREMENT_LENGTH = ("workload.warmup_steps", "workload.steps", "workload.profi
 GROUP_OPTION = {"model": "model.name", "hardware": "hardware.name", "strategy": "strategy.name"}
 
 
-def degrees(dims: dict) -> str:
-    """`dp2 tp2 pp2 vpp2`; "1" for a one-device run."""
-    return " ".join(f"{a}{dims[a]}" for a in AXES if (dims.get(a) or 1) > 1) or "1"
-
-
 def _dims(record: dict) -> dict:
     if record.get("dims"):
         return record["dims"]
     par = ((record.get("config") or {}).get("parallel") or {})
-    return {a: par[a] for a in AXES if isinstance(par.get(a), int)}
+    return {a: par[a] for a in DEGREES if isinstance(par.get(a), int)}
 
 
 def base_label(record: dict) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig
-from harness.dims import ConfigError, ParallelDims
+from harness.dims import MESH_AXES, ConfigError, ParallelDims
 from harness.domains import check_domains
 from harness.validate_layouts import validate_layouts
 
@@ -63,7 +63,7 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
     if run.launcher.nodes < 1 or dims.world_size % run.launcher.nodes:
         raise ConfigError(f"world size {dims.world_size} not divisible by launcher.nodes {run.launcher.nodes}")
 
-    for axis in catalog.AXES:
+    for axis in MESH_AXES:
         if getattr(dims, axis) > 1 and axis not in axes:
             raise ConfigError(f"strategy {s.name} does not use the {axis} axis ({axis}={getattr(dims, axis)}); "
                               f"it uses: {', '.join(axes) or 'none (one process)'}")

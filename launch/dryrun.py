@@ -1,6 +1,6 @@
 """launcher=dryrun: the real worker code path at any world size, on torch's fake process group.
 
-For each selected rank (default: the first rank of every pipeline-rank group, i.e. pp_rank * dp*tp;
+For each selected rank (default: the first rank of every pipeline-rank group, harness/dims.py's placement;
 `launcher.ranks=[...]` to choose), a child forked from one fork server (launch/fork.py; never more
 children than selected ranks, one at a time) does what harness/worker/main.py does:
 

@@ -84,3 +84,22 @@ def test_where_a_figure_comes_from_is_not_what_was_run(tmp_path):
     b["config"]["hardware"]["source"] = {k: v + " (recalibrated)" for k, v in a["config"]["hardware"]["source"].items()}
     assert a["config"]["hardware"]["source"]  # the profile does say where its figures come from
     assert labels([a, b]) == ["ddp dp2 batch=8", "ddp dp4 batch=16"]
+
+
+def test_every_axis_is_shown_where_degrees_are(tmp_path):
+    """One enumeration of axes (harness/dims.py AXES) feeds the label, the run dir's name and the report's
+    mesh: a cp run and an HSDP run say so in each."""
+    from harness.dims import ParallelDims
+    from harness.report import mesh
+    from harness.report.study import Run
+
+    cp = _record(["model=tiny", "strategy=3d", "parallel.cp=2", "parallel.tp=2"], tmp_path)
+    hsdp = _record(["model=tiny", "strategy=fsdp", "parallel.dp=4", "parallel.dp_replicate=2"], tmp_path)
+    assert own_label(cp, []) == "3d cp2 tp2" and slug(own_label(cp, [])) == "3d-cp2-tp2"
+    assert own_label(hsdp, []) == "fsdp dp4 dprep2"
+    assert ParallelDims(**{k: v for k, v in cp["dims"].items()}).label() == "cp2-tp2"
+
+    desc = mesh.describe(Run(cp))
+    by_axis = {a["axis"]: a for a in desc["axes"]}
+    assert set(by_axis) == {"cp", "tp"} and by_axis["cp"]["groups"] == [[0, 2], [1, 3]]
+    assert "cp" in mesh.describe(Run(cp))["dims"] and "dp_replicate" in {a["axis"] for a in mesh.describe(Run(hsdp))["axes"]}

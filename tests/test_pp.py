@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from harness.dims import ParallelDims
+
 from tests.helpers import DEVICES, assert_losses_match, assert_states_as_predicted, device_overrides, run
 
 pytestmark = pytest.mark.slow
@@ -61,7 +63,7 @@ def check_timeline(rec: dict, schedule: str) -> None:
     stages = rank_stages(schedule, pp, vpp)
     w, nmb = rec["config"]["workload"], m["num_microbatches"]
     for r in range(world):
-        mine = stages[r // (d["dp"] * d["tp"])]  # rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+        mine = stages[ParallelDims(**d).coords(r)["pp"]]
         doc = json.loads((Path(rec["run_dir"]) / f"timeline_rank{r}.json").read_text())
         assert {k: doc[k] for k in ("schedule", "pp", "vpp", "num_microbatches", "rank", "stages")} == {
             "schedule": schedule, "pp": pp, "vpp": vpp, "num_microbatches": nmb, "rank": r, "stages": mine}

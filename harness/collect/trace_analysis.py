@@ -47,18 +47,17 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from harness import catalog
 from harness.collect import compute_classes
 from harness.collect.comm_names import bus_bytes, collective_name, dtype_bytes, numel
 from harness.collect.flight_recorder import attribute, flight_entries, inside, pg_axis
 from harness.collect.intervals import intersect, length, subtract, union
+from harness.dims import COMM_AXES
 
 STEP_EVENT = "brigade/step"
 # Main-thread operators that are communication or a wait for it, never compute.
 _NOT_COMPUTE = re.compile(r"^(c10d::|gloo:|nccl:|_c10d_functional::|c10d_functional::|record_param_comms)|wait",
                           re.IGNORECASE)
 _NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)
-AXES = catalog.COMM_AXES
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -222,7 +221,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
                                                 / r["profiled_step_time_s"] for r in per_rank]) for a in axes}
     out["comm_bytes_by_axis"] = {a: max(r["comm_bytes_by_axis"].get(a, 0.0) for r in per_rank) for a in axes}
     out["comm_bytes_by_axis_per_rank"] = {a: [r["comm_bytes_by_axis"].get(a, 0.0) for r in per_rank] for a in axes}
-    for a in AXES:  # the measured twins of the cost model's comm_<axis>_bytes (the collective asked for) ...
+    for a in COMM_AXES:  # the measured twins of the cost model's comm_<axis>_bytes (the collective asked for) ...
         out[f"comm_{a}_bytes"] = out["comm_bytes_by_axis"].get(a, 0.0)
         # ... and what the backend ran (gloo: a reduce-scatter as an all-reduce of the whole input)
         out[f"comm_{a}_bytes_as_run"] = max((r.get("comm_bytes_as_run_by_axis", {}).get(a, 0.0) for r in per_rank),

@@ -23,8 +23,8 @@ anywhere. One formula per function, each citing its source:
 
 What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.
 
-Per rank means the maximum over ranks; `*_per_rank` lists give every rank (rank order
-pp_rank * dp*tp + dp_rank * tp + tp_rank) where ranks differ.
+Per rank means the maximum over ranks; `*_per_rank` lists give every rank, in harness/dims.py's rank
+order, where ranks differ.
 """
 from harness.costmodel.flops import model_flops_per_step  # noqa: F401
 

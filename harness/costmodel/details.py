@@ -50,7 +50,7 @@ def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> 
 
 
 def per_rank_lists(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
-    """Per-rank lists in rank order: rank = pp_rank*(dp*tp) + dp_rank*tp + tp_rank."""
+    """Per-rank lists in rank order (harness/dims.py's placement; the base layout has cp = 1)."""
     keys = (*MODEL_STATE_KEYS[:4], "model_states_bytes", "activations_bytes")
     lists: dict = {k: [] for k in keys}
     params = []

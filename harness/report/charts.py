@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from harness.report import scaling
 from harness.costmodel.schedule import idle_intervals
-from harness.report.study import AXES, MEMORY_PARTS, Study
+from harness.dims import COMM_AXES
+from harness.report.study import MEMORY_PARTS, Study
 
 ACTION_COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#b07aa1", "idle": "rgba(160,160,160,0.35)"}
 PART_COLOURS = {"params_bytes": "#4e79a7", "grads_bytes": "#f28e2b", "optimizer_bytes": "#59a14f",
@@ -100,7 +101,7 @@ def comm_series(study: Study) -> dict | None:
             for k in (d or {}):
                 if k not in keys:
                     keys.append(k)
-    keys.sort(key=lambda k: (AXES.index(k) if k in AXES else len(AXES), k))
+    keys.sort(key=lambda k: (COMM_AXES.index(k) if k in COMM_AXES else len(COMM_AXES), k))
     return {"rows": rows, "axes": keys}
 
 

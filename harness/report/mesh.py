@@ -1,14 +1,14 @@
-"""The device mesh of one run, for the 3D mode: which ranks form each dp / tp / pp (/ ep) group, which
+"""The device mesh of one run, for the 3D mode: which ranks form each group along every axis, which
 node each rank sits on, which groups cross nodes, and which collective each axis runs.
 
-Placement comes from harness.dims.ParallelDims (tp innermost, then dp, then pp). Nodes are consecutive
+Placement comes from harness.dims.ParallelDims (tp innermost, then cp, then dp, then pp). Nodes are consecutive
 blocks of `hardware.devices_per_node` ranks (or launcher.nproc_per_node on a multi-node launch),
 the same assumption the cost model makes when it picks intra- or inter-node bandwidth.
 """
 from __future__ import annotations
 
 from harness import catalog
-from harness.dims import ConfigError, ParallelDims
+from harness.dims import COMM_AXES, DEGREES, ConfigError, ParallelDims
 
 
 def ranks_per_node(run) -> int:
@@ -39,6 +39,10 @@ def collectives(run, axis: str) -> str:
         if s.get("sequence_parallel"):
             return "all-gather + reduce-scatter of activations, 2 of each per layer forward and backward"
         return f"all-reduce of activations, {c['fwd']} per layer forward and {c['bwd']} backward"
+    if axis == "dp_replicate":
+        return "all-reduce of the gradient shards among the replicas of each shard (HSDP)"
+    if axis == "cp":
+        return "all-gather of K and V before each attention (forward), reduce-scatter of their gradients (backward)"
     if axis == "pp":
         return "send/recv of activations (forward) and their gradients (backward) between neighbour stages"
     if axis == "ep":
@@ -50,14 +54,13 @@ def describe(run) -> dict | None:
     """The mesh as plain data for the page: ranks with coords and node, and per axis its groups."""
     d = run.dims
     try:
-        dims = ParallelDims(dp=d["dp"], tp=d["tp"], pp=d["pp"], vpp=d.get("vpp", 1), ep=d.get("ep", 1),
-                            world_size=d["world_size"])
+        dims = ParallelDims(**{a: d.get(a, 1) for a in DEGREES}, world_size=d["world_size"])
     except ConfigError:
         return None
     per_node = ranks_per_node(run)
     ranks = [{"rank": r, "node": r // per_node, **dims.coords(r)} for r in range(dims.world_size)]
     axes = []
-    for axis in ("tp", "dp", "pp", "ep"):
+    for axis in sorted(COMM_AXES, key=lambda a: a != "tp"):  # tp first: the chattiest axis
         size = getattr(dims, axis)
         if size <= 1:
             continue

@@ -3,13 +3,14 @@ rank is on, which groups cross nodes) and where each collective runs, with its b
 """
 from __future__ import annotations
 
+from harness.dims import AXES
 from harness.report import mesh as meshmod
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.fmt import esc, nbytes, pct
 from harness.report.study import Run, Study, candidates, command_for
 
-AXIS_WORDS = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline", "ep": "expert-parallel"}
+AXIS_WORDS = {a.name: a.title for a in AXES}
 
 
 def render(study: Study, figs) -> str:
@@ -59,9 +60,15 @@ def _panel(run: Run, wid: str) -> str:
 
 def _sentences(run: Run, desc: dict) -> list[str]:
     d = desc["dims"]
-    out = [f"The {d['world_size']} ranks form a mesh pp({d['pp']}) x dp({d['dp']}) x tp({d['tp']})"
+    cp = d.get("cp", 1)
+    cp_term = f"cp_rank * {d['tp']} + " if cp > 1 else ""
+    out = [f"The {d['world_size']} ranks form a mesh pp({d['pp']}) x dp({d['dp']})"
+           + (f" x cp({cp})" if cp > 1 else "") + f" x tp({d['tp']})"
            + (f" with ep({d['ep']}) inside dp" if d["ep"] > 1 else "")
-           + f", placed tp innermost: rank = pp_rank * {d['dp'] * d['tp']} + dp_rank * {d['tp']} + tp_rank. "
+           + (f" and dp = dp_replicate({d['dp_replicate']}) x dp_shard({d['dp'] // d['dp_replicate']})"
+              if d.get("dp_replicate", 1) > 1 else "")
+           + f", placed tp innermost: rank = pp_rank * {d['dp'] * cp * d['tp']} + dp_rank * {cp * d['tp']} + "
+           + f"{cp_term}tp_rank. "
            f"With {desc['ranks_per_node']} ranks per node ({run.cfg('hardware', 'name')}: "
            f"hardware.devices_per_node) that is {desc['nodes']} node{'s' if desc['nodes'] > 1 else ''}."]
     for a in desc["axes"]:

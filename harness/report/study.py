@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import catalog, rundir
-from harness.labels import base_label, degrees, labels
+from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
+from harness.labels import base_label, labels
 from harness.run import record as rec
 
-AXES = ("dp", "tp", "pp", "ep")
-COMM_AXES = (*AXES, "dp_replicate", "cp")  # axes with their own traffic (HSDP replicas, context parallel)
 MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
 
@@ -69,9 +68,9 @@ class Run:
     def dims(self) -> dict:
         d = dict(self.r.get("dims") or {})
         par = self.cfg("parallel", default={}) or {}
-        for axis in ("dp", "tp", "pp", "vpp", "ep"):
+        for axis in DEGREES:
             d.setdefault(axis, par.get(axis, 1) if isinstance(par.get(axis), int) else 1)
-        d.setdefault("world_size", d["dp"] * d["tp"] * d["pp"])
+        d.setdefault("world_size", d["dp"] * d["cp"] * d["tp"] * d["pp"])
         return d
 
     @property
@@ -240,8 +239,8 @@ def candidates(study: Study, mode: str) -> list[Run]:
         use = [r for r in runs if r.uses("pp")]
         key = lambda r: (not r.ok, not r.timelines(), r.uses("dp") + r.uses("tp"), -r.dims["pp"], r.run_id)  # noqa: E731
     elif mode == "mesh":
-        use = [r for r in runs if sum(r.uses(a) for a in AXES) >= 2]
-        key = lambda r: (not r.ok, -sum(r.uses(a) for a in AXES), -r.world, r.run_id)  # noqa: E731
+        use = [r for r in runs if sum(r.uses(a) for a in MESH_AXES) >= 2]
+        key = lambda r: (not r.ok, -sum(r.uses(a) for a in MESH_AXES), -r.world, r.run_id)  # noqa: E731
     else:
         raise ValueError(mode)
     # an invalid record has not run, so it explains nothing beyond its error: ok and failed runs only

@@ -206,12 +206,13 @@ def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float, 
 
 # -- 3D: the device mesh --------------------------------------------------------------------------------
 def mesh(widget_id: str, desc: dict) -> str:
-    """pp stages left to right; inside each a dp (rows) x tp (columns) grid of ranks; nodes as tinted
-    backgrounds. Each rank carries its group index per axis (data-group-<axis>) for highlighting."""
+    """pp stages left to right; inside each a dp (rows) x cp*tp (columns, tp innermost) grid of ranks; nodes as
+    tinted backgrounds. Each rank carries its group index per axis (data-group-<axis>) for highlighting."""
     d = desc["dims"]
     dp, tp, pp = d["dp"], d["tp"], d["pp"]
+    cols = d.get("cp", 1) * tp  # a dp row holds its cp x tp ranks, consecutive (harness/dims.py's rank order)
     cw, ch, gap = 92, 50, 64
-    block_w, block_h = tp * cw, dp * ch
+    block_w, block_h = cols * cw, dp * ch
     width = max(620, 40 + pp * (block_w + gap))
     height = 80 + block_h + 40
     per_node = desc["ranks_per_node"]
@@ -231,16 +232,16 @@ def mesh(widget_id: str, desc: dict) -> str:
         if s < pp - 1:
             out.append(f'<line x1="{x0 + block_w + 8}" y1="{50 + block_h / 2}" x2="{x0 + block_w + gap - 8}" '
                        f'y2="{50 + block_h / 2}" stroke="#59a14f" stroke-width="2"/>')
-    if per_node % tp == 0 and (dp * tp) % per_node == 0 and per_node < dp * tp * pp:
-        rows = per_node // tp  # a node is `rows` whole rows of one stage: outline it
+    if per_node % cols == 0 and (dp * cols) % per_node == 0 and per_node < dp * cols * pp:
+        rows = per_node // cols  # a node is `rows` whole rows of one stage: outline it
         for s in range(pp):
             for k in range(dp // rows):
                 x0, y0 = 20 + s * (block_w + gap), 50 + k * rows * ch
-                node = (s * dp * tp + k * rows * tp) // per_node
+                node = (s * dp * cols + k * rows * cols) // per_node
                 out.append(f'<rect x="{x0 - 2}" y="{y0 - 1}" width="{block_w + 4}" height="{rows * ch + 2}" rx="6" '
                            f'fill="none" stroke="#2f6db5" stroke-width="1.5"><title>node {node}</title></rect>')
     for rk in desc["ranks"]:
-        x = 20 + rk["pp"] * (block_w + gap) + rk["tp"] * cw
+        x = 20 + rk["pp"] * (block_w + gap) + (rk["cp"] * tp + rk["tp"]) * cw
         y = 50 + rk["dp"] * ch
         attrs = " ".join(f'data-group-{a}="{g}"' for a, g in group_of.get(rk["rank"], {}).items())
         node_fill = "#f4f4f4" if rk["node"] % 2 == 0 else "#e3e9f2"
@@ -250,7 +251,7 @@ def mesh(widget_id: str, desc: dict) -> str:
                    + _text(x + cw / 2, y + ch / 2 - 2, f"rank {rk['rank']}", 11, weight="bold")
                    + _text(x + cw / 2, y + ch / 2 + 11, f"node {rk['node']}", 9, fill="#666")
                    + "</g>")
-    out.append(_text(20, height - 14, f"rows: dp rank; columns: tp rank; {desc['ranks_per_node']} ranks per node "
+    out.append(_text(20, height - 14, f"rows: dp rank; columns: {'cp rank x ' if cols > tp else ''}tp rank; {desc['ranks_per_node']} ranks per node "
                                       f"(blue outlines / alternating backgrounds: nodes)", 11, anchor="start", fill="#555"))
     out.append("</svg>")
     return "".join(out)

@@ -12,9 +12,8 @@ def runs_table(study: Study) -> str:
     rows = []
     for r in study.runs:
         d = r.dims
-        deg = " ".join(f"{a}{d[a]}" for a in ("dp", "tp", "pp", "vpp", "ep") if (d.get(a) or 1) > 1) or "1"
         rows.append([
-            f'<td class="s-{esc(r.status)}">{esc(r.status)}</td>', esc(r.strategy), esc(r.engine), esc(deg),
+            f'<td class="s-{esc(r.status)}">{esc(r.status)}</td>', esc(r.strategy), esc(r.engine), esc(r.degrees),
             str(d.get("world_size", "-")),
             pair_cell(r.m("step_time_s"), r.p("step_time_s"), seconds, f"step-{r.run_id}"),
             pair_cell(r.m("tokens_per_s"), r.p("tokens_per_s"), rate, f"tokens-{r.run_id}"),

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from harness.report import charts, png_paths, scaling
-from harness.report.study import COMM_AXES, load
+from harness.dims import COMM_AXES
+from harness.report.study import load
 
 
 def summary_dir(records_path: Path, study: str) -> Path:

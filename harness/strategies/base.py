@@ -19,7 +19,7 @@ import torch
 
 from models.loss import loss_function
 
-AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}  # also FSDP2's param_dtype
 
 
 class Strategy:

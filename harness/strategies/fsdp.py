@@ -50,9 +50,7 @@ import contextlib
 
 import torch
 
-from harness.strategies.base import Strategy
-
-MP_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+from harness.strategies.base import AUTOCAST_DTYPES, Strategy
 
 
 def mixed_precision_policy(precision: str, comm_hook: str = "none"):
@@ -60,7 +58,7 @@ def mixed_precision_policy(precision: str, comm_hook: str = "none"):
     bf16 with strategy.comm_hook=bf16 (what Composer's FSDP mixed_precision PURE does: half the bytes)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    dtype = MP_DTYPES.get(precision)
+    dtype = AUTOCAST_DTYPES.get(precision)
     if comm_hook == "bf16":  # as DDP's bf16 compress hook, whatever the training precision
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.bfloat16)
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)

@@ -35,6 +35,7 @@ import time
 from dataclasses import replace
 
 from harness import catalog
+from harness.dims import DEGREES
 from harness.tools.plan_space import (divisors, hsdp_prediction, hsdp_replicas, with_low_precision_params,
                                       with_sequence_parallel)
 
@@ -72,8 +73,8 @@ class Candidate:
         out += [f"strategy.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.knobs.items()]
         if self.pp > 1:
             out.append(f"strategy.schedule={self.schedule}")
-        for axis in ("dp", "dp_replicate", "tp", "pp", "vpp", "ep"):
-            if getattr(self, axis) > 1:
+        for axis in DEGREES:  # the planner does not search cp: a Candidate has no cp
+            if getattr(self, axis, 1) > 1:
                 out.append(f"parallel.{axis}={getattr(self, axis)}")
         out += [f"workload.micro_batch_size={self.mb}", f"workload.activation_checkpointing={self.ckpt}"]
         return out

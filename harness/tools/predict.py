@@ -43,6 +43,7 @@ def summary(out: dict) -> str:
     if out["status"] != "ok":
         return f"invalid: {out['error']}"
     from harness.catalog import fp32_on_gpu_note
+    from harness.dims import COMM_AXES
     from harness.labels import base_label
     from harness.report.fmt import nbytes
 
@@ -57,7 +58,7 @@ def summary(out: dict) -> str:
              f"  memory/device  model states {nbytes(out['model_states_bytes'])}, activations "
              f"{nbytes(out['activations_bytes'])}, peak {nbytes(out['peak_mem_bytes'])}"
              + ("" if out.get("fits_in_memory", True) else "  (does NOT fit)"),
-             "  comm/step      " + (", ".join(f"{a} {nbytes(out[f'comm_{a}_bytes'])}" for a in ("dp", "tp", "pp", "ep")
+             "  comm/step      " + (", ".join(f"{a} {nbytes(out[f'comm_{a}_bytes'])}" for a in COMM_AXES
                                              if out.get(f"comm_{a}_bytes")) or "none")
              + f"; {out.get('comm_share_pct', 0):.1f} % of the step",
              *([f"  not run        brigade's runtime refuses it, the cost model prices it: {out['not_run']}"]

@@ -27,6 +27,7 @@ from harness import rundir
 from harness.rundir import write_atomic
 from harness.worker import measure
 from harness.collect import trace_analysis
+from harness.dims import COMM_AXES
 
 FR_BUFFER_SIZE = 20_000  # flight-recorder ring buffer (entries); the worker exports it before init
 # Gradient-sync groups counted as dp traffic: dp_rep (replicas of an ep group sync expert grads), the
@@ -73,7 +74,7 @@ def process_groups(mesh, dims) -> dict[str, dict]:
     for pg in list(c10d._world.pg_names):
         name = c10d._get_process_group_name(pg)
         ranks = sorted(dist.get_process_group_ranks(pg))
-        axes = by_identity.get(name) or [a for a in trace_analysis.AXES if getattr(dims, a) > 1 and any(
+        axes = by_identity.get(name) or [a for a in COMM_AXES if getattr(dims, a) > 1 and any(
             sorted(g) == ranks for g in dims.groups(a) if rank in g)]
         if not axes and dims.ep > 1 and any(sorted(g) == ranks for g in dims.groups("ep_dp") if rank in g):
             axes = ["dp"]  # an engine's own expert-data group (DeepSpeed MoE): expert gradients are dp traffic

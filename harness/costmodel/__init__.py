@@ -46,6 +46,6 @@ def predict(run, dims) -> dict:
                         weight_decay=w.weight_decay)
     out = at(layouts4d.base_data_degree(dims, False))
     shard = at(layouts4d.base_data_degree(dims, True)) if dims.dp_replicate > 1 else None
-    out = layouts4d.adjust(out, shard, run, dims, hw, m)
+    out = layouts4d.adjust(out, shard, run.model, w, run.strategy.fsdp_accumulate, dims, hw, m)
     out["hardware"] = run.hardware.name
     return out

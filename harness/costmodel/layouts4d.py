@@ -80,10 +80,12 @@ def _link(hw, coll: str, n: int, stride: int, ranks_per_node: int):
     return comm.collective_link(hw, coll, n, stride, ranks_per_node)
 
 
-def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
+def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw, m: int) -> dict:
     """The base prediction `out` (at data degree dp * cp) -> this layout's. `shard`: the base at
-    dp_shard * cp for HSDP (its model states and shard-group traffic), else None."""
-    cp, w, md = dims.cp, run.workload, run.model
+    dp_shard * cp for HSDP (its model states and shard-group traffic), else None. `md` is the model config,
+    `w` the workload (micro_batch_size, precision, activation_checkpointing): predict passes the run's,
+    the planner its candidate's."""
+    cp = dims.cp
     if shard is not None:  # HSDP: states and the shard group's traffic are the shard group's
         ranks = None  # rank r of the world is rank shard_rank(r) of the shard group's estimate (same rank order)
         for key in STATES + MEMORY:
@@ -97,7 +99,7 @@ def adjust(out: dict, shard: dict | None, run, dims, hw, m: int) -> dict:
         extra_dp_exposed_s = shard["comm_dp_exposed_time_s"] - out["comm_dp_exposed_time_s"]
         out["comm_dp_bytes"], out["comm_dp_time_s"] = shard["comm_dp_bytes"], shard["comm_dp_time_s"]
         out["comm_dp_exposed_time_s"] = shard["comm_dp_exposed_time_s"]
-        reductions = m if run.strategy.fsdp_accumulate == "sharded" else 1
+        reductions = m if fsdp_accumulate == "sharded" else 1
         rep_bytes = hsdp_replicate_bytes(shard["grads_bytes"], dims.dp_replicate, reductions)
         rpn = out.get("ranks_per_node", dims.world_size)
         link = _link(hw, "all_reduce", dims.dp_replicate, dims.dp_shard * cp * dims.tp, rpn)

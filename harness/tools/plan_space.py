@@ -36,17 +36,16 @@ def hsdp_replicas(dp: int, world: int, ranks_per_node: int) -> list[int]:
 def hsdp_prediction(full: dict, shard: dict, lo, st, run, hw, mb: int, m: int, ckpt: str, rep: int) -> dict:
     """The prediction of an HSDP layout from the two base estimates, as `predict` makes it
     (harness/costmodel/layouts4d.py adjust): `full` at the whole dp, `shard` at its shard group."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from harness.costmodel import layouts4d
     from harness.dims import ParallelDims
 
     pl = lo.place
-    cfg = SimpleNamespace(strategy=SimpleNamespace(fsdp_accumulate=st.fsdp_accumulate), model=run.model,
-                          workload=SimpleNamespace(micro_batch_size=mb, precision=lo.precision,
-                                                   activation_checkpointing=ckpt))
+    w = replace(run.workload, micro_batch_size=mb, precision=lo.precision, activation_checkpointing=ckpt)
     dims = ParallelDims(dp=pl.dp, tp=pl.tp, pp=pl.pp, vpp=pl.vpp, world_size=pl.world, dp_replicate=rep)
-    return layouts4d.adjust({**full, "ranks_per_node": pl.ranks_per_node}, shard, cfg, dims, hw, m)
+    return layouts4d.adjust({**full, "ranks_per_node": pl.ranks_per_node}, shard, run.model, w,
+                            st.fsdp_accumulate, dims, hw, m)
 
 
 def divisors(n: int) -> list[int]:

@@ -14,7 +14,7 @@ from harness.dims import MESH_AXES
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness", "models", "launch", "hydra_plugins")
-MAX_LINES = 300
+MAX_LINES = 500  # a smell detector, not a budget: a module is one idea, and files always read together merge
 
 
 def project_files() -> list[Path]:
@@ -143,6 +143,6 @@ def test_parent_side_imports_without_torch():
 
 
 @pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_no_module_over_300_lines(path):
+def test_no_module_over_500_lines(path):
     n = len(path.read_text().splitlines())
-    assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines (> {MAX_LINES}): split it by what it does"
+    assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines (> {MAX_LINES}): does it hold more than one idea?"

@@ -1,8 +1,10 @@
-"""Guards on the shape of the code (issue 11): they fail the moment a change brings back what the
-reorganisation removed. Pure: they read source files with ast and import modules; nothing runs."""
+"""Guards on the shape of the code: they fail the moment a change brings back what the house rules
+removed. All but the last read source files with ast and import modules; the last runs one ddp run and
+holds the README's list of the files a run reads against what it imports."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +148,47 @@ def test_parent_side_imports_without_torch():
 def test_no_module_over_500_lines(path):
     n = len(path.read_text().splitlines())
     assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines (> {MAX_LINES}): does it hold more than one idea?"
+
+
+MAX_RUN_FILES = 25  # a reader follows one run in about as many files as torchtitan's trainer needs
+
+
+def readme_run_files() -> list[str]:
+    """The README's list of the files one run reads, in the order it meets them (between the markers)."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("<!-- run-files:start -->")[1].split("<!-- run-files:end -->")[0]
+    return [line.split("`")[1] for line in section.splitlines() if line.lstrip().startswith(("-", "|", "1", "2",
+            "3", "4", "5", "6", "7", "8", "9")) and line.count("`") >= 2]
+
+
+def imported_project_files(log_dir: Path) -> set[str]:
+    """Project files (not __init__) that any process of a run imported; the cost model counts as one room."""
+    names = {m for f in log_dir.glob("*.txt") for m in f.read_text().split()}
+    out = set()
+    for name in names:
+        if name.split(".")[0] not in PACKAGES or name not in MODULES or MODULES[name].name == "__init__.py":
+            continue
+        path = str(MODULES[name].relative_to(REPO))
+        out.add("harness/costmodel/" if path.startswith("harness/costmodel/") else path)
+    return out
+
+
+@pytest.mark.slow
+def test_a_ddp_run_reads_the_files_the_readme_lists(tmp_path):
+    """One ddp run, parent and ranks together, imports at most MAX_RUN_FILES project files, and they are
+    the README's list (an audit hook in every process logs each import, lazy ones too)."""
+    from tests.helpers import cli
+
+    log = tmp_path / "imports"
+    log.mkdir()
+    inject = str(REPO / "tests" / "inject")
+    proc = cli(["strategy=ddp", "parallel.dp=2", "model=tiny", "logger=none", "report=false"], tmp_path,
+               env={"BRIGADE_TEST_IMPORT_LOG": str(log),
+                    "PYTHONPATH": os.pathsep.join(p for p in (inject, os.environ.get("PYTHONPATH")) if p)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    files = imported_project_files(log)
+    assert len(files) <= MAX_RUN_FILES, f"{len(files)} files: {sorted(files)}"
+    listed = readme_run_files()
+    assert len(listed) == len(set(listed)), listed
+    assert set(listed) == files, (f"README lists but the run does not import: {sorted(set(listed) - files)}; "
+                                  f"imported but not listed: {sorted(files - set(listed))}")

@@ -8,6 +8,10 @@ BRIGADE_TEST_OPTIMIZER=sgd  plain SGD (no momentum, no normalisation) in place o
     gradient scale moves the loss of the next step in proportion, as AdamW's normalised update does not.
 
 BRIGADE_TEST_PLANT=<name>   one planted bug from PLANTS, to show that the parity tests can fail.
+
+BRIGADE_TEST_IMPORT_LOG=<dir>  every process of the run (parent, torchrun, ranks) appends the name of each
+    module it imports to <dir>/<pid>.txt (an audit hook: it sees lazy imports too), so a test can hold
+    the README's list of the files a run reads against what a run really imports.
 """
 from __future__ import annotations
 
@@ -104,3 +108,19 @@ if os.environ.get("BRIGADE_TEST_OPTIMIZER") == "sgd":
     _sgd()
 if os.environ.get("BRIGADE_TEST_PLANT"):
     PLANTS[os.environ["BRIGADE_TEST_PLANT"]]()
+
+
+def _log_imports(folder: str) -> None:
+    import sys
+
+    log = open(os.path.join(folder, f"{os.getpid()}.txt"), "a", buffering=1)
+
+    def hook(event, args):
+        if event == "import":
+            log.write(f"{args[0]}\n")
+
+    sys.addaudithook(hook)
+
+
+if os.environ.get("BRIGADE_TEST_IMPORT_LOG"):
+    _log_imports(os.environ["BRIGADE_TEST_IMPORT_LOG"])

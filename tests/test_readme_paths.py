@@ -1,0 +1,50 @@
+"""Every repository file a doc, docstring or comment names exists (files move; their mentions must follow).
+
+A mention is a path whose first folder is one of the repository's own top-level folders
+(`harness/costmodel/compute.py`, `conf/hardware/h100_sxm.yaml`). Files a run writes (records under
+results/, a calibrated profile under conf/hardware/local/) and files of other projects that happen to
+start with one of our folder names (torchtitan's docs/performance.md) are listed below with the reason.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TOP = ("harness", "conf", "docs", "tests", "models", "launch", "scripts", "hydra_plugins", "results")
+MENTION = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]+\.(?:py|yaml|md|sh|jsonl|json|txt|toml))\b" % "|".join(TOP))
+WRITTEN_BY_RUNS = re.compile(r"^results/(?!reference/|README\.md)|^conf/hardware/local/")
+# other projects' files, cited with their repository beside them
+EXTERNAL = {
+    "docs/performance.md": "pytorch/torchtitan's performance tables",
+    "docs/performance-summary.md": "NVIDIA NeMo's performance summary",
+    "docs/source/performance/performance_summary.md": "NVIDIA NeMo's performance summary",
+    "scripts/train.sh": "foundation-model-stack/fms-fsdp's training script",
+    "scripts/train/benchmarking/README.md": "mosaicml/llm-foundry's benchmark tables",
+    "models/llama/__init__.py": "torchtitan/models/llama/__init__.py",
+    "models/mpt/modeling_mpt.py": "llmfoundry/models/mpt/modeling_mpt.py",
+}
+
+
+def tracked_text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml", "*.sh", "Makefile"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [REPO / f for f in out if (REPO / f).is_file()]
+
+
+def test_every_repository_file_named_exists():
+    missing = []
+    for path in tracked_text_files():
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for name in MENTION.findall(line):
+                if "<" in name or WRITTEN_BY_RUNS.search(name) or name in EXTERNAL or (REPO / name).exists():
+                    continue
+                missing.append(f"{path.relative_to(REPO)}:{n}: {name}")
+    assert not missing, "files named but not in the repository:\n" + "\n".join(missing)
+
+
+def test_the_pattern_finds_a_mention_and_skips_a_url():
+    assert MENTION.findall("see harness/costmodel/compute.py and conf/x.yaml") == \
+        ["harness/costmodel/compute.py", "conf/x.yaml"]
+    assert MENTION.findall("github.com/pytorch/torchtitan/docs/performance.md") == []

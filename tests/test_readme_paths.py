@@ -45,6 +45,6 @@ def test_every_repository_file_named_exists():
 
 
 def test_the_pattern_finds_a_mention_and_skips_a_url():
-    assert MENTION.findall("see harness/costmodel/compute.py and conf/x.yaml") == \
-        ["harness/costmodel/compute.py", "conf/x.yaml"]
+    assert MENTION.findall("see harness/costmodel/compute.py and conf/config.yaml") == \
+        ["harness/costmodel/compute.py", "conf/config.yaml"]
     assert MENTION.findall("github.com/pytorch/torchtitan/docs/performance.md") == []

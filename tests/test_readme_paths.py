@@ -48,3 +48,30 @@ def test_the_pattern_finds_a_mention_and_skips_a_url():
     assert MENTION.findall("see harness/costmodel/compute.py and conf/config.yaml") == \
         ["harness/costmodel/compute.py", "conf/config.yaml"]
     assert MENTION.findall("github.com/pytorch/torchtitan/docs/performance.md") == []
+
+
+ANCHORED = re.compile(r"(?<![\w/-])((?:docs/|results/|\.\./)?[\w./-]*\.md)#([\w-]+)")
+
+
+def anchors(md: Path) -> set[str]:
+    """The ids a link can name in a markdown file: <a id>, {#id} and GitHub's heading slugs."""
+    text = md.read_text()
+    ids = set(re.findall(r'<a id="([\w-]+)"', text)) | set(re.findall(r"\{#([\w-]+)\}", text))
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        ids.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return ids
+
+
+def test_every_section_a_doc_or_comment_links_to_exists():
+    broken = []
+    for path in tracked_text_files():
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for name, anchor in ANCHORED.findall(line):
+                target = (path.parent / name) if not name.startswith(TOP) else REPO / name
+                if name.startswith(("docs/", "results/")):
+                    target = REPO / name
+                if not target.resolve().is_relative_to(REPO) or not target.exists():
+                    continue  # another project's file (a URL's tail), or a path the test above reports
+                if anchor not in anchors(target):
+                    broken.append(f"{path.relative_to(REPO)}:{n}: {name}#{anchor}")
+    assert not broken, "links to sections that do not exist:\n" + "\n".join(broken)

@@ -75,3 +75,14 @@ def test_every_section_a_doc_or_comment_links_to_exists():
                 if anchor not in anchors(target):
                     broken.append(f"{path.relative_to(REPO)}:{n}: {name}#{anchor}")
     assert not broken, "links to sections that do not exist:\n" + "\n".join(broken)
+
+
+# A doc says what is true now, by topic; when and in which session a figure was taken is git history.
+NARRATIVE = re.compile(r"(?i)session of (the )?\d|session of 20\d\d|this session|the (last|next) session|\(evening\)")
+
+
+def test_no_doc_carries_a_session_narrative():
+    docs = [REPO / "README.md", REPO / "results" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    found = [f"{d.relative_to(REPO)}:{n}: {line.strip()[:100]}" for d in docs
+             for n, line in enumerate(d.read_text().splitlines(), 1) if NARRATIVE.search(line)]
+    assert not found, "\n".join(found)

@@ -19,7 +19,7 @@ rank holds the same number of tokens.
 
 Why not torch's `context_parallel`: in torch 2.13 it swaps the CUDA SDPA kernels (flash, efficient,
 cudnn) for ring attention; the CPU kernel (_scaled_dot_product_flash_attention_for_cpu) is not in
-its table, so on gloo/CPU it would silently run unsplit attention (docs/context_parallel.md).
+its table, so on gloo/CPU it would silently run unsplit attention (docs/notes.md#context-parallel).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""docs/validation.md is what `python -m harness.costmodel.published --write-docs` writes, and its split is honest.
+"""docs/validation.md is what `python -m harness.costmodel.published_doc` writes, and its split is honest.
 
 Pure tier (no torch): one pass of the cost model over docs/published_runs.yaml, plus the rows whose
 profile a post-hoc constant sits on, predicted again with it neutral.
@@ -10,7 +10,7 @@ from harness.costmodel import published, published_doc
 
 def test_validation_doc_is_generated():
     assert published_doc.DOC.read_text() == published_doc.validation_doc(), \
-        "docs/validation.md is stale: python -m harness.costmodel.published --write-docs"
+        "docs/validation.md is stale: python -m harness.costmodel.published_doc"
 
 
 def test_a_source_a_constant_was_chosen_on_is_in_the_fitting_half():

@@ -3,7 +3,7 @@
     python -m harness.costmodel.published                  # every row, then the summaries
     python -m harness.costmodel.published --half held_out  # one half only
     python -m harness.costmodel.published --json           # one JSON object per row
-    python -m harness.costmodel.published --write-docs     # regenerate docs/validation.md (published_doc.py)
+    python -m harness.costmodel.published_doc              # regenerate docs/validation.md from it
 
 Reads docs/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
 every row into a brigade config (the same RunConfig `harness.predict` composes, through Hydra, with
@@ -221,14 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--half", choices=("fitting", "held_out"))
     p.add_argument("--source")
     p.add_argument("--json", action="store_true", help="one JSON object per row, then the summaries")
-    p.add_argument("--write-docs", action="store_true", help="write docs/validation.md: both halves, with and "
-                   "without the constants chosen after held-out rows were seen")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.write_docs:
-        from harness.costmodel import published_doc  # it imports this module
-
-        print(f"wrote {published_doc.write()}")
-        return 0
     results = run_all(args.half, args.source)
     if args.json:
         for r in results:

@@ -33,7 +33,8 @@ def test_reference_records_are_the_demo_study_on_a_calibrated_profile():
 def test_readme_groups_table_is_generated_from_conf():
     text = README.read_text()
     block = readme_block(text, GROUPS_BEGIN, GROUPS_END)
-    assert block == groups_table(), "README.md's groups table differs from conf/: python -m harness.tools.readme_table --write"
+    assert block == groups_table(), \
+        "README.md's groups table differs from conf/: python -m harness.tools.readme_table --write"
     # what the hand-written table once missed: every file of every group, the dry-run launcher, cp and HSDP
     for group in FILE_GROUPS:
         for path in (Path(CONF_DIR) / group).glob("*.yaml"):

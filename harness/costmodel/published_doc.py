@@ -36,16 +36,19 @@ def predict_all(constants: list[dict]) -> tuple[list[dict], list[dict]]:
     """(results as published, results with the post-hoc constants neutral), row for row."""
     models, rows = published.load()
     compose = published.caching_compose()
-    as_is = [published.predict_row(r, models[r["model"]], compose) for r in rows]
-    neutral = [published.predict_row(neutral_row(r, constants), models[r["model"]], compose)
-               if neutral_row(r, constants) is not r else res for r, res in zip(rows, as_is)]
+    as_is, neutral = [], []
+    for row in rows:
+        as_is.append(published.predict_row(row, models[row["model"]], compose))
+        off = neutral_row(row, constants)  # the same row where no post-hoc constant sits on its profile
+        neutral.append(as_is[-1] if off is row else published.predict_row(off, models[row["model"]], compose))
     return as_is, neutral
 
 
 def _summary_cells(rs: list[dict]) -> str:
     s = published.summarise(rs)
     mem = summarise_memory(rs)
-    memory = f"{mem['median_abs_err_pct']:.1f} / {mem['p90_abs_err_pct']:.1f} % ({mem['n']})" if mem else "none published"
+    memory = (f"{mem['median_abs_err_pct']:.1f} / {mem['p90_abs_err_pct']:.1f} % ({mem['n']})" if mem
+              else "none published")
     return (f"{s['n']} | {s['median_abs_err_pct']:.1f} / {s['p90_abs_err_pct']:.1f} % | {s['geomean_ratio']:.3f} | "
             f"{s['within_15_pct']} | {s['worst_err_pct']:+.1f} % ({s['worst']}) | {s['predicted_oom']} | {memory}")
 
@@ -54,7 +57,8 @@ def render(as_is: list[dict], neutral: list[dict], constants: list[dict]) -> str
     moved = list(dict.fromkeys(src for c in constants for src in c["chosen_on"]))
     first_held_out = {r["source"] for r in as_is if r["half"] == "held_out"} | set(moved)
     sources = {h: list(dict.fromkeys(r["source"] for r in as_is if r["half"] == h)) for h in HALVES}
-    head = "| group | rows | throughput median / p90 abs. error | geomean ratio | within 15 % | worst | predicted OOM | memory median / p90 abs. error (rows) |"
+    head = ("| group | rows | throughput median / p90 abs. error | geomean ratio | within 15 % | worst | "
+            "predicted OOM | memory median / p90 abs. error (rows) |")
     rule = "|---|--:|---|--:|--:|---|--:|---|"
     out = [
         "# Validation against published GPU runs",
@@ -97,7 +101,8 @@ def render(as_is: list[dict], neutral: list[dict], constants: list[dict]) -> str
         "## By source",
         "",
         head, rule,
-        *(f"| `{s}` ({h}) | {_summary_cells([r for r in as_is if r['source'] == s])} |" for h in HALVES for s in sources[h]),
+        *(f"| `{s}` ({h}) | {_summary_cells([r for r in as_is if r['source'] == s])} |"
+          for h in HALVES for s in sources[h]),
         *(f"| `{s}`, post-hoc constants neutral | {_summary_cells([r for r in neutral if r['source'] == s])} |"
           for s in moved),
         "",
@@ -112,12 +117,14 @@ def render(as_is: list[dict], neutral: list[dict], constants: list[dict]) -> str
     ]
     mem = [(r, n) for r, n in zip(as_is, neutral) if "mem_ratio" in r]
     if mem:
-        out += ["Memory (GiB per GPU; predicted = the tensors' peak + the allocator term, harness/costmodel/published_memory.py):",
+        out += ["Memory (GiB per GPU; predicted = the tensors' peak + the allocator term, "
+                "harness/costmodel/published_memory.py):",
                 "",
                 "| source | # | metric | published | predicted | ratio | post-hoc neutral: predicted | ratio |",
                 "|---|--:|---|--:|--:|--:|--:|--:|",
                 *(f"| `{r['source']}` | {r['index']} | {r['memory_metric']} | {r['published_mem_GiB']:.1f} | "
-                  f"{r['predicted_mem_GiB']:.1f} | {r['mem_ratio']:.3f} | {n['predicted_mem_GiB']:.1f} | {n['mem_ratio']:.3f} |"
+                  f"{r['predicted_mem_GiB']:.1f} | {r['mem_ratio']:.3f} | {n['predicted_mem_GiB']:.1f} | "
+                  f"{n['mem_ratio']:.3f} |"
                   for r, n in mem), ""]
     return "\n".join(out)
 

@@ -146,6 +146,7 @@ def make() -> None:
     REFERENCE.write_text(lines)
     META.write_text(json.dumps(meta, indent=1) + "\n")
     write_readme(render(records, meta))
+    write_readme(groups_table())
 
 
 def main(argv: list[str] | None = None) -> int:

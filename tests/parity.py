@@ -1,7 +1,7 @@
 """Gradient and SGD-loss parity with `single`: the machinery behind tests/test_grad_parity.py.
 
 One run per layout does both checks (so a layout costs one multi-process run):
-  - the worker dumps every parameter's full gradient of step 0 (harness/grad_dump.py, enabled by
+  - the worker dumps every parameter's full gradient of step 0 (harness/worker/grad_dump.py, enabled by
     BRIGADE_GRAD_DUMP=1): taken at the entry of the first optimizer step, so after every
     micro-batch's backward and the data-parallel reduction; each rank writes the gradients it holds,
     gathered from FSDP shards and TP slices (full_tensor) or DeepSpeed partitions;

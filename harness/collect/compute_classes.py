@@ -17,7 +17,7 @@ Each instant of the step's compute union goes to one class, in the order above (
 that calls a GEMM inside is attention; a GEMM inside the optimizer's window is a GEMM), so the four add
 up to the profiled `compute_time_s`. Why it matters: the cost model's GPU terms (the GEMM table, the
 attention kernel's fraction of peak, the element-wise bandwidth) were fitted or cited one by one; a
-profiled GPU step says which of them is off (docs/published.md, "What is left"). CPU caveat: the
+profiled GPU step says which of them is off (docs/published.md#what-is-left). CPU caveat: the
 profiler slows small operators more than large ones (docs/notes.md#profiler-cost), so on a CPU the
 shares are fairer than the seconds; a CUDA kernel's duration is the device's, not the profiler's.
 Eager attention (model.attention=eager) runs its QK^T and AV as batched GEMMs: measured as gemm, where

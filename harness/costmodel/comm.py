@@ -101,7 +101,7 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     builds one ring per channel and spreads the channels over the node's NICs, so a group with g ranks
     on each node drives min(g, NICs) of them at once: its bus bandwidth is that many times one NIC's
     (inter_node.bus_bw_GBps), up to the intra-node link's (NCCL src/graph/tuning.cc: ring bus bandwidth
-    = channels x per-channel speed; docs/published.md), and its latency grows with the ranks and nodes
+    = channels x per-channel speed; docs/published.md#nics), and its latency grows with the ranks and nodes
     the ring or tree passes (spanning_latency_s)."""
     if n * stride <= ranks_per_node:
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))

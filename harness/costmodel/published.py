@@ -3,6 +3,7 @@
     python -m harness.costmodel.published                  # every row, then the summaries
     python -m harness.costmodel.published --half held_out  # one half only
     python -m harness.costmodel.published --json           # one JSON object per row
+    python -m harness.costmodel.published_doc              # regenerate docs/validation.md from it
 
 Reads docs/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
 every row into a brigade config (the same RunConfig `harness.predict` composes, through Hydra, with

@@ -138,7 +138,7 @@ class Strategy:
         return {"params": params, "grads": grads, "optimizer": opt}
 
 
-    # -- gradients, for the parity tests (harness/grad_dump.py) ----------------------------------
+    # -- gradients, for the parity tests (harness/worker/grad_dump.py) ----------------------------------
     def stepping_optimizer(self) -> torch.optim.Optimizer:
         """The torch optimizer whose step() runs once per optimizer step with every gradient final
         (reduced, averaged): a step pre-hook on it sees the step's gradients. An optimizer that

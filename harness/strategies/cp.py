@@ -19,7 +19,7 @@ rank holds the same number of tokens.
 
 Why not torch's `context_parallel`: in torch 2.13 it swaps the CUDA SDPA kernels (flash, efficient,
 cudnn) for ring attention; the CPU kernel (_scaled_dot_product_flash_attention_for_cpu) is not in
-its table, so on gloo/CPU it would silently run unsplit attention (docs/context_parallel.md).
+its table, so on gloo/CPU it would silently run unsplit attention (docs/notes.md#context-parallel).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def cp_group(dims):
     """This rank's cp process group, made for the K/V exchange alone (every rank must call this, in
     the same order). Not mesh["cp"]: at dp = 1 torch may hand the dp x cp gradient group and the cp
     group out as one process group, and the profiled window could not tell FSDP's traffic from
-    attention's (harness/profiling.py names a group's axis by identity)."""
+    attention's (harness/worker/profiling.py names a group's axis by identity)."""
     import torch.distributed as dist
 
     group, _ = dist.new_subgroups_by_enumeration(dims.groups("cp"))

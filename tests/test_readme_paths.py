@@ -1,0 +1,88 @@
+"""Every repository file a doc, docstring or comment names exists (files move; their mentions must follow).
+
+A mention is a path whose first folder is one of the repository's own top-level folders
+(`harness/costmodel/compute.py`, `conf/hardware/h100_sxm.yaml`). Files a run writes (records under
+results/, a calibrated profile under conf/hardware/local/) and files of other projects that happen to
+start with one of our folder names (torchtitan's docs/performance.md) are listed below with the reason.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TOP = ("harness", "conf", "docs", "tests", "models", "launch", "scripts", "hydra_plugins", "results")
+MENTION = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]+\.(?:py|yaml|md|sh|jsonl|json|txt|toml))\b" % "|".join(TOP))
+WRITTEN_BY_RUNS = re.compile(r"^results/(?!reference/|README\.md)|^conf/hardware/local/")
+# other projects' files, cited with their repository beside them
+EXTERNAL = {
+    "docs/performance.md": "pytorch/torchtitan's performance tables",
+    "docs/performance-summary.md": "NVIDIA NeMo's performance summary",
+    "docs/source/performance/performance_summary.md": "NVIDIA NeMo's performance summary",
+    "scripts/train.sh": "foundation-model-stack/fms-fsdp's training script",
+    "scripts/train/benchmarking/README.md": "mosaicml/llm-foundry's benchmark tables",
+    "models/llama/__init__.py": "torchtitan/models/llama/__init__.py",
+    "models/mpt/modeling_mpt.py": "llmfoundry/models/mpt/modeling_mpt.py",
+}
+
+
+def tracked_text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml", "*.sh", "Makefile"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [REPO / f for f in out if (REPO / f).is_file()]
+
+
+def test_every_repository_file_named_exists():
+    missing = []
+    for path in tracked_text_files():
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for name in MENTION.findall(line):
+                if "<" in name or WRITTEN_BY_RUNS.search(name) or name in EXTERNAL or (REPO / name).exists():
+                    continue
+                missing.append(f"{path.relative_to(REPO)}:{n}: {name}")
+    assert not missing, "files named but not in the repository:\n" + "\n".join(missing)
+
+
+def test_the_pattern_finds_a_mention_and_skips_a_url():
+    assert MENTION.findall("see harness/costmodel/compute.py and conf/config.yaml") == \
+        ["harness/costmodel/compute.py", "conf/config.yaml"]
+    assert MENTION.findall("github.com/pytorch/torchtitan/docs/performance.md") == []
+
+
+ANCHORED = re.compile(r"(?<![\w/-])((?:docs/|results/|\.\./)?[\w./-]*\.md)#([\w-]+)")
+
+
+def anchors(md: Path) -> set[str]:
+    """The ids a link can name in a markdown file: <a id>, {#id} and GitHub's heading slugs."""
+    text = md.read_text()
+    ids = set(re.findall(r'<a id="([\w-]+)"', text)) | set(re.findall(r"\{#([\w-]+)\}", text))
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        ids.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return ids
+
+
+def test_every_section_a_doc_or_comment_links_to_exists():
+    broken = []
+    for path in tracked_text_files():
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for name, anchor in ANCHORED.findall(line):
+                target = (path.parent / name) if not name.startswith(TOP) else REPO / name
+                if name.startswith(("docs/", "results/")):
+                    target = REPO / name
+                if not target.resolve().is_relative_to(REPO) or not target.exists():
+                    continue  # another project's file (a URL's tail), or a path the test above reports
+                if anchor not in anchors(target):
+                    broken.append(f"{path.relative_to(REPO)}:{n}: {name}#{anchor}")
+    assert not broken, "links to sections that do not exist:\n" + "\n".join(broken)
+
+
+# A doc says what is true now, by topic; when and in which session a figure was taken is git history.
+NARRATIVE = re.compile(r"(?i)session of (the )?\d|session of 20\d\d|this session|the (last|next) session|\(evening\)")
+
+
+def test_no_doc_carries_a_session_narrative():
+    docs = [REPO / "README.md", REPO / "results" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    found = [f"{d.relative_to(REPO)}:{n}: {line.strip()[:100]}" for d in docs
+             for n, line in enumerate(d.read_text().splitlines(), 1) if NARRATIVE.search(line)]
+    assert not found, "\n".join(found)

@@ -69,5 +69,6 @@ def test_fidelity_study_end_to_end(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
-    rows = [l for l in proc.stdout.splitlines() if l.startswith("| ") and not l.startswith("| config")]
+    first_table = proc.stdout.split("\n\n")[0]  # the compute split by kind of work follows it
+    rows = [l for l in first_table.splitlines() if l.startswith("| ") and not l.startswith("| config")]
     assert len(rows) == 6 and any(l.startswith("| pp pp2 1f1b") for l in rows)

@@ -12,6 +12,7 @@ A layout is one row of LAYOUTS; a planted bug (tests/inject/sitecustomize.py PLA
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,14 +127,22 @@ def gradients(rec: dict) -> dict[str, list[torch.Tensor]]:
     return out
 
 
+def worst(values) -> float:
+    """The largest value, NaN if any is NaN: Python's max() keeps whichever of NaN and a number
+    comes first (every comparison with NaN is false), so a NaN copy after a finite one would vanish."""
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
 def gradient_errors(grads: dict, reference: dict) -> dict[str, float]:
     """Per parameter, the worst relative error ||g - g_single|| / ||g_single|| over the ranks that
-    hold it (the norm of the difference alone where single's gradient is zero)."""
+    hold it (the norm of the difference alone where single's gradient is zero); NaN or inf where a
+    copy, or single's gradient, is not finite."""
     errors = {}
     for name, copies in grads.items():
         ref = reference[name][0]
         scale = ref.norm().item() or 1.0
-        errors[name] = max((g - ref).norm().item() / scale for g in copies)
+        errors[name] = worst((g - ref).norm().item() / scale for g in copies)
     return errors
 
 
@@ -145,22 +154,23 @@ def check_gradients(rec: dict, ref: dict, rtol: float = RTOL) -> float:
     for name, copies in grads.items():
         assert all(g.shape == reference[name][0].shape for g in copies), (name, [g.shape for g in copies])
     errors = gradient_errors(grads, reference)
-    worst = max(errors, key=errors.get)
-    bad = {n: e for n, e in errors.items() if e > rtol}
+    bad = {n: e for n, e in errors.items() if not e <= rtol}  # not `e > rtol`: NaN must fail too
+    ranked = sorted(bad.items(), key=lambda x: -math.inf if math.isnan(x[1]) else -x[1])  # NaN first
     assert not bad, (f"{len(bad)} of {len(errors)} gradients differ from single's by more than {rtol:g} "
-                     f"(relative L2); worst {worst}: {errors[worst]:.3g}; " +
-                     ", ".join(f"{n}: {e:.3g}" for n, e in sorted(bad.items(), key=lambda x: -x[1])[:6]))
-    return errors[worst]
+                     f"(relative L2, NaN included); worst {ranked[0][0]}: {ranked[0][1]:.3g}; " +
+                     ", ".join(f"{n}: {e:.3g}" for n, e in ranked[:6]))
+    return worst(errors.values())
 
 
 def loss_error(rec: dict, ref: dict) -> float:
     a, b = rec["measured"]["losses"], ref["measured"]["losses"]
     assert len(a) == len(b), (a, b)
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    return worst(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
 def check_losses(rec: dict, ref: dict, rtol: float = RTOL) -> float:
-    """The SGD run's losses, step by step, equal single's within rtol; returns the worst relative error."""
+    """The SGD run's losses, step by step, equal single's within rtol (NaN fails); returns the worst
+    relative error."""
     err = loss_error(rec, ref)
     assert err <= rtol, f"SGD losses differ from single's by {err:.3g} relative (> {rtol:g}): " \
                         f"{rec['measured']['losses']} vs {ref['measured']['losses']}"

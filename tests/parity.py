@@ -50,7 +50,9 @@ LAYOUTS: dict[str, Layout] = {
     "zero2": Layout(("strategy=zero2", "parallel.dp=2")),
     "zero3": Layout(("strategy=zero3", "parallel.dp=2")),
     "tp_loss_parallel": Layout(("strategy=tp", "parallel.tp=2", "strategy.loss_parallel=true")),
-    "tp_sp": Layout(("strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true")),
+    # loss_parallel=false: the logits gathered over the vocabulary, a plain cross-entropy (with sp on, one launch)
+    "tp_sp_gathered_loss": Layout(("strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true",
+                                   "strategy.loss_parallel=false")),
     **{f"pp_{s}": Layout(("strategy=pp", "parallel.pp=2", f"parallel.vpp={v}", f"strategy.schedule={s}"))
        for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("looped_bfs", 2),
                     ("interleaved_zero_bubble", 2), ("zbv_zero_bubble", 2), ("dualpipev", 2))},
@@ -58,8 +60,12 @@ LAYOUTS: dict[str, Layout] = {
     "3d_ddp_dp2_pp2_interleaved": Layout(("strategy=3d", "parallel.dp=2", "parallel.pp=2", "parallel.vpp=2",
                                           "strategy.dp_shard=ddp", "strategy.schedule=interleaved_1f1b")),
     "ep": Layout(("strategy=ep", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2"), "moe_tiny"),
+    # dp > ep: 2 replicas of each expert, whose gradients are reduced over dp_rep (harness/strategies/ep.py)
+    "ep_dp4_ep2": Layout(("strategy=ep", "model=moe_tiny", "parallel.dp=4", "parallel.ep=2"), "moe_tiny"),
     # the layouts of the 4D issue: HSDP, context parallel, FSDP's sharded accumulation, MoE inside 3d
     "hsdp_dp4_replicate2": Layout(("strategy=fsdp", "parallel.dp=4", "parallel.dp_replicate=2")),
+    # ZeRO-2 (FSDP2, reshard_after_forward=false) as HSDP: both families in one launch of 4 ranks
+    "zero2_hsdp_dp4_replicate2": Layout(("strategy=zero2", "parallel.dp=4", "parallel.dp_replicate=2")),
     "zero3_sharded_accumulation": Layout(("strategy=zero3", "parallel.dp=2", "strategy.fsdp_accumulate=sharded")),
     "3d_dp2_pp2_sharded_accumulation": Layout(("strategy=3d", "parallel.dp=2", "parallel.pp=2",
                                                "strategy.fsdp_accumulate=sharded")),
@@ -78,14 +84,17 @@ LAYOUTS: dict[str, Layout] = {
                      model="moe_tiny"),
 }
 
-# Rows whose mechanism CI already checks through another row or a dedicated test (test_pp: every
-# schedule's losses and bytes; test_layouts4d: HSDP, sharded accumulation, MoE and the distributed
-# optimizer in 3d; test_fsdp: zero2; test_deepspeed: stages 0 and 2). They run in `make test-all`
-# (marker heavy), so CI keeps one gradient check per mechanism within its time budget.
-HEAVY = {*(f"pp_{s}" for s in ("gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble",
-                               "zbv_zero_bubble", "dualpipev")),
-         "zero2", "ds_zero0", "ds_zero2", "3d_ddp_dp2_pp2_interleaved", "hsdp_dp4_replicate2",
-         "3d_dp2_pp2_sharded_accumulation", "3d_distributed_optimizer_2x2x2", "3d_moe_dp2_ep2_pp2"}
+# CI (`make test`, not heavy) runs one SGD gradient row per layout family: every pipeline schedule,
+# ddp, zero1 (both implementations), zero2 and HSDP (one row), zero3 (with sharded accumulation too),
+# fsdp, tp (loss parallel; sequence parallel with the gathered loss), ep with dp > ep, context
+# parallel, 3d, and DeepSpeed ZeRO 0 to 3, its pipeline and its MoE. These rows check a mechanism
+# that a CI row above already holds, composed another way; they run in `make test-all`.
+HEAVY = {"zero2", "hsdp_dp4_replicate2",  # zero2_hsdp_dp4_replicate2
+         "ep",  # ep_dp4_ep2: the same all-to-all, plus the expert replicas' reduction
+         "3d_ddp_dp2_pp2_interleaved",  # 3d_fsdp_2x2x2, ddp and pp_interleaved_1f1b
+         "3d_dp2_pp2_sharded_accumulation",  # zero3_sharded_accumulation and 3d_fsdp_2x2x2
+         "3d_distributed_optimizer_2x2x2",  # zero1_distributed and 3d_fsdp_2x2x2
+         "3d_moe_dp2_ep2_pp2"}  # ep_dp4_ep2 and the pipeline rows
 
 
 @contextlib.contextmanager

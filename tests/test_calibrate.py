@@ -178,7 +178,12 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     pred = check_profile(path)
     assert pred["hardware"] == "h100_cpu_test"
     cited = check_profile(REPO / "conf" / "hardware" / "h100_sxm.yaml")
-    assert pred["step_time_s"] > 100 * cited["step_time_s"]  # GFLOP/s of a CPU core against an H100's TFLOP/s
+    # Slower, by however much this CPU and its load make it: every rate measured here is bounded above by
+    # the physics asserted above (a core's peak, < 500 GB/s, < 1 % of H100's attention efficiency), which
+    # load only lowers, and each is below the H100 rate the base cites for the same term (its slowest
+    # GEMM, 256^3, runs 6.7 TFLOP/s; HBM 3350 GB/s). The ratio itself is this machine's speed, not asserted.
+    assert pred["step_time_s"] > cited["step_time_s"], (pred["step_time_s"], cited["step_time_s"])
+    assert core_peak_tflops("bf16") < min(s[3] for s in base["compute"]["gemm"]["bf16"]["shapes"])
     summary = calibrate_gpu.summary(prof, base, f"wrote {path}", pred)
     assert "bf16 GEMM rate per shape (8 shapes)" in summary and "attention_backward_efficiency.bf16" in summary
     assert "device memory: 80 GiB | 80 | 1.000" in summary  # a CPU keeps the base's; a GPU's own total_memory

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from harness import rundir
+from harness import catalog, rundir
 from tests.helpers import REPO, run
 
 INJECT = REPO / "tests" / "inject"
@@ -53,9 +53,10 @@ LAYOUTS: dict[str, Layout] = {
     # loss_parallel=false: the logits gathered over the vocabulary, a plain cross-entropy (with sp on, one launch)
     "tp_sp_gathered_loss": Layout(("strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true",
                                    "strategy.loss_parallel=false")),
-    **{f"pp_{s}": Layout(("strategy=pp", "parallel.pp=2", f"parallel.vpp={v}", f"strategy.schedule={s}"))
-       for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("looped_bfs", 2),
-                    ("interleaved_zero_bubble", 2), ("zbv_zero_bubble", 2), ("dualpipev", 2))},
+    # every schedule of the catalog, at the vpp it needs (2 where it takes any vpp >= 2)
+    **{f"pp_{name}": Layout(("strategy=pp", "parallel.pp=2", f"parallel.vpp={row.vpp or 2}",
+                             f"strategy.schedule={name}"))
+       for name, row in catalog.SCHEDULES.items()},
     "3d_fsdp_2x2x2": Layout(("strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2")),
     "3d_ddp_dp2_pp2_interleaved": Layout(("strategy=3d", "parallel.dp=2", "parallel.pp=2", "parallel.vpp=2",
                                           "strategy.dp_shard=ddp", "strategy.schedule=interleaved_1f1b")),

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from harness import rundir
-from tests.parity import check_gradients, check_losses, worst
+from harness import catalog, rundir
+from tests.parity import HEAVY, LAYOUTS, check_gradients, check_losses, worst
 
 GRADS = {"wte.weight": torch.tensor([[1.0, -2.0], [0.5, 3.0]]), "ln_f.bias": torch.tensor([0.25, -0.75])}
 
@@ -69,3 +69,18 @@ def test_a_non_finite_loss_fails(tmp_path, single, losses):
 def test_worst_is_nan_wherever_the_nan_is():
     assert math.isnan(worst([0.0, math.nan])) and math.isnan(worst([math.nan, 0.0]))
     assert worst([1e-7, 3e-6, 2e-7]) == 3e-6
+
+
+def test_every_layout_family_has_a_gradient_row_in_ci():
+    """`make test` (not heavy) checks the gradients of every family with SGD: each strategy of the
+    catalog, each pipeline schedule, DeepSpeed's ZeRO stages 0-3 (ddp is stage 0), HSDP, ep with
+    dp > ep (the expert replicas' reduction) and tp with the gathered loss. A new strategy or
+    schedule without its row fails here."""
+    rows = [dict(o.split("=", 1) for o in layout.overrides) for name, layout in LAYOUTS.items() if name not in HEAVY]
+    torch_rows = [r for r in rows if r.get("strategy.engine", "torch") == "torch"]
+    assert set(catalog.STRATEGIES) - {"single"} <= {r["strategy"] for r in torch_rows}
+    assert {r["strategy.schedule"] for r in torch_rows if r["strategy"] == "pp"} == set(catalog.SCHEDULES)
+    assert {"ddp", "zero1", "zero2", "zero3"} <= {r["strategy"] for r in rows if r.get("strategy.engine") == "deepspeed"}
+    assert any(int(r.get("parallel.dp_replicate", 1)) > 1 for r in torch_rows)
+    assert any(r["strategy"] == "ep" and int(r["parallel.dp"]) > int(r["parallel.ep"]) for r in torch_rows)
+    assert any(r["strategy"] == "tp" and r.get("strategy.loss_parallel") == "false" for r in torch_rows)

@@ -25,12 +25,13 @@ $(STAMP): requirements.txt pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/brigade experiment=demo $(ARGS)
 
+# No -x: a run shows every failure (pytest's -ra summary lists them), not only the first.
 test: $(STAMP) chromium
-	$(PY) -m pytest tests -x -q -m "not heavy"
+	$(PY) -m pytest tests -q -m "not heavy"
 
 # Everything, with the whole studies the README names (`heavy`: tens of minutes more on 2 cores).
 test-all: $(STAMP) chromium
-	$(PY) -m pytest tests -x -q
+	$(PY) -m pytest tests -q
 
 # Headless Chromium for the report's browser test: Debian's package, driven by Playwright's Python
 # package (never `playwright install`). Quick no-op when it is there; installs it as root (CI) or via sudo.

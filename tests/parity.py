@@ -12,13 +12,14 @@ A layout is one row of LAYOUTS; a planted bug (tests/inject/sitecustomize.py PLA
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from harness import rundir
+from harness import catalog, rundir
 from tests.helpers import REPO, run
 
 INJECT = REPO / "tests" / "inject"
@@ -49,16 +50,23 @@ LAYOUTS: dict[str, Layout] = {
     "zero2": Layout(("strategy=zero2", "parallel.dp=2")),
     "zero3": Layout(("strategy=zero3", "parallel.dp=2")),
     "tp_loss_parallel": Layout(("strategy=tp", "parallel.tp=2", "strategy.loss_parallel=true")),
-    "tp_sp": Layout(("strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true")),
-    **{f"pp_{s}": Layout(("strategy=pp", "parallel.pp=2", f"parallel.vpp={v}", f"strategy.schedule={s}"))
-       for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("looped_bfs", 2),
-                    ("interleaved_zero_bubble", 2), ("zbv_zero_bubble", 2), ("dualpipev", 2))},
+    # loss_parallel=false: the logits gathered over the vocabulary, a plain cross-entropy (with sp on, one launch)
+    "tp_sp_gathered_loss": Layout(("strategy=tp", "parallel.tp=2", "strategy.sequence_parallel=true",
+                                   "strategy.loss_parallel=false")),
+    # every schedule of the catalog, at the vpp it needs (2 where it takes any vpp >= 2)
+    **{f"pp_{name}": Layout(("strategy=pp", "parallel.pp=2", f"parallel.vpp={row.vpp or 2}",
+                             f"strategy.schedule={name}"))
+       for name, row in catalog.SCHEDULES.items()},
     "3d_fsdp_2x2x2": Layout(("strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2")),
     "3d_ddp_dp2_pp2_interleaved": Layout(("strategy=3d", "parallel.dp=2", "parallel.pp=2", "parallel.vpp=2",
                                           "strategy.dp_shard=ddp", "strategy.schedule=interleaved_1f1b")),
     "ep": Layout(("strategy=ep", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2"), "moe_tiny"),
+    # dp > ep: 2 replicas of each expert, whose gradients are reduced over dp_rep (harness/strategies/ep.py)
+    "ep_dp4_ep2": Layout(("strategy=ep", "model=moe_tiny", "parallel.dp=4", "parallel.ep=2"), "moe_tiny"),
     # the layouts of the 4D issue: HSDP, context parallel, FSDP's sharded accumulation, MoE inside 3d
     "hsdp_dp4_replicate2": Layout(("strategy=fsdp", "parallel.dp=4", "parallel.dp_replicate=2")),
+    # ZeRO-2 (FSDP2, reshard_after_forward=false) as HSDP: both families in one launch of 4 ranks
+    "zero2_hsdp_dp4_replicate2": Layout(("strategy=zero2", "parallel.dp=4", "parallel.dp_replicate=2")),
     "zero3_sharded_accumulation": Layout(("strategy=zero3", "parallel.dp=2", "strategy.fsdp_accumulate=sharded")),
     "3d_dp2_pp2_sharded_accumulation": Layout(("strategy=3d", "parallel.dp=2", "parallel.pp=2",
                                                "strategy.fsdp_accumulate=sharded")),
@@ -77,14 +85,17 @@ LAYOUTS: dict[str, Layout] = {
                      model="moe_tiny"),
 }
 
-# Rows whose mechanism CI already checks through another row or a dedicated test (test_pp: every
-# schedule's losses and bytes; test_layouts4d: HSDP, sharded accumulation, MoE and the distributed
-# optimizer in 3d; test_fsdp: zero2; test_deepspeed: stages 0 and 2). They run in `make test-all`
-# (marker heavy), so CI keeps one gradient check per mechanism within its time budget.
-HEAVY = {*(f"pp_{s}" for s in ("gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble",
-                               "zbv_zero_bubble", "dualpipev")),
-         "zero2", "ds_zero0", "ds_zero2", "3d_ddp_dp2_pp2_interleaved", "hsdp_dp4_replicate2",
-         "3d_dp2_pp2_sharded_accumulation", "3d_distributed_optimizer_2x2x2", "3d_moe_dp2_ep2_pp2"}
+# CI (`make test`, not heavy) runs one SGD gradient row per layout family: every pipeline schedule,
+# ddp, zero1 (both implementations), zero2 and HSDP (one row), zero3 (with sharded accumulation too),
+# fsdp, tp (loss parallel; sequence parallel with the gathered loss), ep with dp > ep, context
+# parallel, 3d, and DeepSpeed ZeRO 0 to 3, its pipeline and its MoE. These rows check a mechanism
+# that a CI row above already holds, composed another way; they run in `make test-all`.
+HEAVY = {"zero2", "hsdp_dp4_replicate2",  # zero2_hsdp_dp4_replicate2
+         "ep",  # ep_dp4_ep2: the same all-to-all, plus the expert replicas' reduction
+         "3d_ddp_dp2_pp2_interleaved",  # 3d_fsdp_2x2x2, ddp and pp_interleaved_1f1b
+         "3d_dp2_pp2_sharded_accumulation",  # zero3_sharded_accumulation and 3d_fsdp_2x2x2
+         "3d_distributed_optimizer_2x2x2",  # zero1_distributed and 3d_fsdp_2x2x2
+         "3d_moe_dp2_ep2_pp2"}  # ep_dp4_ep2 and the pipeline rows
 
 
 @contextlib.contextmanager
@@ -126,14 +137,22 @@ def gradients(rec: dict) -> dict[str, list[torch.Tensor]]:
     return out
 
 
+def worst(values) -> float:
+    """The largest value, NaN if any is NaN: Python's max() keeps whichever of NaN and a number
+    comes first (every comparison with NaN is false), so a NaN copy after a finite one would vanish."""
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
 def gradient_errors(grads: dict, reference: dict) -> dict[str, float]:
     """Per parameter, the worst relative error ||g - g_single|| / ||g_single|| over the ranks that
-    hold it (the norm of the difference alone where single's gradient is zero)."""
+    hold it (the norm of the difference alone where single's gradient is zero); NaN or inf where a
+    copy, or single's gradient, is not finite."""
     errors = {}
     for name, copies in grads.items():
         ref = reference[name][0]
         scale = ref.norm().item() or 1.0
-        errors[name] = max((g - ref).norm().item() / scale for g in copies)
+        errors[name] = worst((g - ref).norm().item() / scale for g in copies)
     return errors
 
 
@@ -145,22 +164,23 @@ def check_gradients(rec: dict, ref: dict, rtol: float = RTOL) -> float:
     for name, copies in grads.items():
         assert all(g.shape == reference[name][0].shape for g in copies), (name, [g.shape for g in copies])
     errors = gradient_errors(grads, reference)
-    worst = max(errors, key=errors.get)
-    bad = {n: e for n, e in errors.items() if e > rtol}
+    bad = {n: e for n, e in errors.items() if not e <= rtol}  # not `e > rtol`: NaN must fail too
+    ranked = sorted(bad.items(), key=lambda x: -math.inf if math.isnan(x[1]) else -x[1])  # NaN first
     assert not bad, (f"{len(bad)} of {len(errors)} gradients differ from single's by more than {rtol:g} "
-                     f"(relative L2); worst {worst}: {errors[worst]:.3g}; " +
-                     ", ".join(f"{n}: {e:.3g}" for n, e in sorted(bad.items(), key=lambda x: -x[1])[:6]))
-    return errors[worst]
+                     f"(relative L2, NaN included); worst {ranked[0][0]}: {ranked[0][1]:.3g}; " +
+                     ", ".join(f"{n}: {e:.3g}" for n, e in ranked[:6]))
+    return worst(errors.values())
 
 
 def loss_error(rec: dict, ref: dict) -> float:
     a, b = rec["measured"]["losses"], ref["measured"]["losses"]
     assert len(a) == len(b), (a, b)
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    return worst(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
 def check_losses(rec: dict, ref: dict, rtol: float = RTOL) -> float:
-    """The SGD run's losses, step by step, equal single's within rtol; returns the worst relative error."""
+    """The SGD run's losses, step by step, equal single's within rtol (NaN fails); returns the worst
+    relative error."""
     err = loss_error(rec, ref)
     assert err <= rtol, f"SGD losses differ from single's by {err:.3g} relative (> {rtol:g}): " \
                         f"{rec['measured']['losses']} vs {ref['measured']['losses']}"

@@ -60,6 +60,8 @@ def test_dtensor_dispatch_is_measured_on_the_fake_group():
     # a block: 6 linears (weight, bias) forward and backward, the grad hooks, the all-reduce wrappers
     assert 20 < fig["ops_per_layer"] < 500 and fig["ops_outside_layers"] > 0, fig
     assert fig["optimizer_ops_per_layer"] > 0 and fig["optimizer_ops_outside_layers"] >= 0, fig
+    # a unit check, not a speed: an operator's host time is microseconds; 0.1 s each would take a
+    # thousandfold slowdown, where a fair-share scheduler slows a process by about load / cores
     assert all(0 <= fig[k] < 1e5 for k in ("op_us", "outside_op_us", "optimizer_op_us")), fig
     sp = fig["sequence_parallel"]  # the norms and the residual stream become DTensors: more of them
     assert sp["ops_per_layer"] > fig["ops_per_layer"], (sp, fig)
@@ -79,7 +81,7 @@ def test_dtensor_operator_growth_is_priced_against_the_profiles_kernels():
         assert 0.35 < kernel_ratio(profile, sp) < 0.85, sp
     fig = measure_one(2, False, profile)
     assert not dist.is_initialized()
-    assert 0 <= fig["op_us_per_melem"] < 1e5 and fig["ops_per_layer"] > 20, fig
+    assert 0 <= fig["op_us_per_melem"] < 1e5 and fig["ops_per_layer"] > 20, fig  # units, as above
     assert "op_us_per_melem" not in measure_one(1, False)  # without a profile: not measured
 
 
@@ -91,7 +93,7 @@ def test_fsdp_host_work_is_measured_on_the_fake_group():
     fig = measure(rounds=2)
     assert not dist.is_initialized()
     assert set(fig) == {"block_us", "outside_us", "step_block_us", "step_outside_us"}
-    assert all(0 <= v < 1e6 for v in fig.values()) and fig["block_us"] + fig["step_block_us"] > 0, fig
+    assert all(0 <= v < 1e6 for v in fig.values()) and fig["block_us"] + fig["step_block_us"] > 0, fig  # units (< 1 s)
 
 
 @pytest.mark.slow
@@ -138,7 +140,9 @@ def test_calibrate_quick_writes_a_profile_that_composes(tmp_path):
         fig = prof["collectives"][coll]["2"]
         # two processes on one host move bytes through memory: no faster than one core's triad
         assert 0 < fig["bus_bw_GBps"] <= prof["memory_bw_GBps"], (coll, fig, prof["memory_bw_GBps"])
-        assert 1 <= fig["latency_us"] <= 1e5, (coll, fig)  # a gloo round trip: microseconds, not seconds
+        # a gloo round trip: microseconds, not seconds; 1 us is below any inter-process hand-off (load only
+        # raises it), 0.1 s is 390x the 77-257 us measured on 2 cores at load 10
+        assert 1 <= fig["latency_us"] <= 1e5, (coll, fig)
         assert len(fig["busbw_GBps_by_bytes"]) == 3
     pred = check_profile(path)  # composes as hardware=<name> from its folder, validates, predicts
     assert pred["hardware"] == "cpu_quick_test" and pred["step_time_s"] > 0
@@ -178,7 +182,12 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     pred = check_profile(path)
     assert pred["hardware"] == "h100_cpu_test"
     cited = check_profile(REPO / "conf" / "hardware" / "h100_sxm.yaml")
-    assert pred["step_time_s"] > 100 * cited["step_time_s"]  # GFLOP/s of a CPU core against an H100's TFLOP/s
+    # Slower, by however much this CPU and its load make it: every rate measured here is bounded above by
+    # the physics asserted above (a core's peak, < 500 GB/s, < 1 % of H100's attention efficiency), which
+    # load only lowers, and each is below the H100 rate the base cites for the same term (its slowest
+    # GEMM, 256^3, runs 6.7 TFLOP/s; HBM 3350 GB/s). The ratio itself is this machine's speed, not asserted.
+    assert pred["step_time_s"] > cited["step_time_s"], (pred["step_time_s"], cited["step_time_s"])
+    assert core_peak_tflops("bf16") < min(s[3] for s in base["compute"]["gemm"]["bf16"]["shapes"])
     summary = calibrate_gpu.summary(prof, base, f"wrote {path}", pred)
     assert "bf16 GEMM rate per shape (8 shapes)" in summary and "attention_backward_efficiency.bf16" in summary
     assert "device memory: 80 GiB | 80 | 1.000" in summary  # a CPU keeps the base's; a GPU's own total_memory

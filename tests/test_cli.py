@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -55,14 +54,12 @@ def test_unknown_strategy_in_a_sweep_is_an_invalid_record_listing_the_choices(tm
 
 
 def test_a_crashed_rank_is_a_failed_record_not_a_hang(tmp_path):
-    t0 = time.monotonic()
     p = cli([*FAST, "strategy=ddp", "parallel.dp=2", "fault=crash_rank1"], tmp_path)
-    elapsed = time.monotonic() - t0
     assert p.returncode == 1, p.stderr[-3000:]
     (r,) = records(tmp_path)
-    assert r["status"] == "failed"
+    # not a hang, whatever the load: a hang ends at launcher.timeout_s as status "timeout" (the test after this)
+    assert r["status"] == "failed", r["error"]
     assert "rank 1: RuntimeError: fault injection" in r["error"]
-    assert elapsed < 150, f"took {elapsed:.0f} s"  # a hang would last launcher.timeout_s=240 (and ~60 s is load)
 
 
 @pytest.mark.heavy  # CI: the timeout path in tests/test_faults.py (a SIGSTOPped rank, no leftovers)

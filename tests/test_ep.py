@@ -56,7 +56,7 @@ def test_ep2_matches_single(tmp_path, single_reference, device):
     assert load["timed_dropped_tokens"] == 0  # capacity_factor 0: no limit
 
 
-@pytest.mark.heavy  # world 4; CI: ep in the other test here and tests/test_grad_parity.py[ep]
+@pytest.mark.heavy  # world 4; CI: ep in the other test here and tests/test_grad_parity.py[ep_dp4_ep2] (dp4 ep2 with SGD)
 @pytest.mark.parametrize("device", DEVICES)
 def test_ep2_on_dp4_capacity_limited_with_checkpointing(tmp_path, single_reference, device):
     """dp=4 = 2 replicas (dp_rep) of an ep group of 2: expert gradients are summed over dp_rep and the

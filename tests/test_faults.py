@@ -19,6 +19,9 @@ from tests.helpers import FAST, REPO
 
 pytestmark = pytest.mark.slow
 FOREVER = ["workload.steps=100000"]  # a run that only a fault or the parent ends
+# From a signal (or the deadline) to the record: launch/local.py's end_run waits GRACE_S (5 s) after
+# SIGTERM and at most 3 s after SIGKILL, fixed waits that load does not lengthen; what is left is well
+# under 1 s of CPU (scan /proc, gather, write one record): the 7 s left hold it even at a fifth of a core.
 RECORD_WITHIN_S = 15
 
 

@@ -3,7 +3,8 @@
 For each layout (tests/parity.py LAYOUTS), one run with the worker's gradient dump and plain SGD:
 after step 0's backward, every parameter's full gradient (gathered from shards, stages and tp
 slices) equals single's within 1e-5 relative (L2 per tensor, fp32), and the SGD losses of the
-following steps equal single's within 1e-5. The planted-bug tests show that each check can fail.
+following steps equal single's within 1e-5 (NaN or inf fails both). The planted-bug tests show that
+each check can fail. CI (not heavy) holds one row per layout family (tests/test_parity_checks.py).
 """
 from __future__ import annotations
 
@@ -62,11 +63,14 @@ PLANTED = {
     "drop_last_microbatch": "fsdp",  # one of the rank's 2 micro-batches never reaches the gradient
     "pipeline_scales_twice": "pp_1f1b",  # gradients / m
     "expert_grads_not_divided": "ep",  # expert gradients x dp
+    "expert_replicas_not_reduced": "ep_dp4_ep2",  # expert gradients / dp_rep (only where dp > ep)
+    "deepspeed_scales_twice": "ds_zero2",  # gradients / gradient_accumulation_steps
 }
 
 
-# CI plants one bug per check family (a dp reduction, the pipeline's divisor); the others in `make test-all`
-CI_PLANTS = ("ddp_sums_over_dp", "pipeline_scales_twice")
+# CI plants one bug per check family (a dp reduction, the pipeline's divisor, the expert replicas'
+# reduction, DeepSpeed's accumulation scale); the others in `make test-all`
+CI_PLANTS = ("ddp_sums_over_dp", "pipeline_scales_twice", "expert_replicas_not_reduced", "deepspeed_scales_twice")
 
 
 @pytest.mark.parametrize("plant", [pytest.param(p, marks=[] if p in CI_PLANTS else [pytest.mark.heavy])

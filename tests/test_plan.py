@@ -2,6 +2,7 @@
 and hands its best configs to the launcher as a sweep."""
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -23,7 +24,9 @@ def test_plan_1024_gpus_prints_table_and_throughput(capsys):
     match = LAST.match(out[-1])
     assert match, out[-1]
     n, s, rate = int(match[1]), float(match[2]), int(match[3])
-    assert n > 1000 and rate == pytest.approx(n / s, rel=0.02)  # S is printed to the millisecond
+    # R = N / (the seconds S rounds), printed whole: S is within 0.5 ms of them, R within 0.5 of N / them,
+    # whatever this machine's speed (a fixed 2 % would fail on one that searches in under 25 ms)
+    assert n > 1000 and n / (s + 5e-4) - 0.5 <= rate <= (n / (s - 5e-4) if s > 5e-4 else math.inf) + 0.5, (n, s, rate)
     assert "top 10 by predicted tokens/s" in "\n".join(out)
 
 

@@ -90,22 +90,29 @@ def check_timeline(rec: dict, schedule: str) -> None:
     assert m["bubble_pct"] == pytest.approx(sum(m["bubble_pct_per_rank"]) / world)
 
 
-# The measured bubble of 1F1B against the schedule simulator's (unit F = 1, B = 2, free
-# communication, equal stages: (p-1)/(m+p-1) on every rank). Measured stages are not equal (stage 0
-# holds the embeddings, the last one the head and the loss): the lighter ranks wait on the heaviest,
-# so the rank to compare is the bottleneck, the one idle least. Measured on this 2-core machine at
-# load 17: pp2 m4 16.4 % vs 20.0 %, pp4 m8 (4 ranks time-sharing 2 cores) 23.9 % vs 27.3 %.
-BUBBLE_TOLERANCE_POINTS = 10
+# Schedules whose order the simulator draws as torch runs it, action for action (pp2 m4, measured).
+# Not looped_bfs (torch runs each stage's backwards from the last micro-batch down, the simulator from
+# the first up) nor interleaved_zero_bubble (torch places the W actions elsewhere); the V-shaped ones
+# are drawn by a greedy approximation (Simulation.approximate).
+SIMULATED_IN_TORCH_ORDER = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
-def check_bubble_follows_schedule(rec: dict) -> None:
+def check_order_follows_schedule(rec: dict) -> None:
+    """Every rank ran its actions in the order of the schedule simulator (for 1F1B: p-1-r warm-up
+    forwards, then one forward one backward, then the cool-down backwards): the order is what makes
+    the bubble ((p-1)/(m+p-1) for 1F1B). How long the ranks then wait is this machine's speed and load
+    (4 ranks time-share 2 cores here), so the measured bubble against the simulator's is a benchmark
+    (tests/benchmarks/test_bench_pipeline_bubble.py), not a test."""
     from harness.costmodel.schedule import simulate
 
     m, d = rec["measured"], rec["dims"]
     sim = simulate(rec["config"]["strategy"]["schedule"], d["pp"], m["num_microbatches"], d["vpp"])
-    bottleneck = min(m["bubble_pct_per_rank"])
-    assert abs(bottleneck - sim.bubble_pct) <= BUBBLE_TOLERANCE_POINTS, \
-        (bottleneck, m["bubble_pct_per_rank"], sim.bubble_pct)
+    for r in range(d["world_size"]):  # pp only: rank r is pp rank r
+        doc = json.loads((Path(rec["run_dir"]) / f"timeline_rank{r}.json").read_text())
+        ran = [(e["action"], e["stage"], e["mb"]) for e in doc["events"]]
+        planned = [(e["action"], e["stage"], e["mb"]) for e in sorted(sim.events, key=lambda e: e["start_s"])
+                   if e["rank"] == r]
+        assert ran == planned, (r, ran, planned)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -128,17 +135,18 @@ def test_pp_schedule_matches_single(schedule, device, tmp_path, single_reference
     assert sum(m["params_bytes_per_rank"]) == ref["measured"]["params_bytes"]
     assert_states_as_predicted(rec)
     check_timeline(rec, schedule)
-    if schedule == "1f1b":  # pp2 m4
-        check_bubble_follows_schedule(rec)
+    if schedule in SIMULATED_IN_TORCH_ORDER:
+        check_order_follows_schedule(rec)
 
 
-def test_1f1b_pp4_m8_bubble_follows_the_schedule(tmp_path):
-    """pp4, m = 16 / 2 = 8: one layer per stage; the simulator says 3/11 = 27.3 % bubble."""
+def test_1f1b_pp4_m8_runs_the_schedule_s_order(tmp_path):
+    """pp4, m = 16 / 2 = 8: one layer per stage, each rank in 1F1B's order (the simulator's bubble:
+    3/11 = 27.3 %)."""
     rec = run(["strategy=pp", "parallel.pp=4", "strategy.schedule=1f1b", "workload.global_batch_size=16"], tmp_path)
     assert rec["status"] == "ok", rec["error"]
     assert rec["measured"]["num_microbatches"] == 8
     check_timeline(rec, "1f1b")
-    check_bubble_follows_schedule(rec)
+    check_order_follows_schedule(rec)
 
 
 def test_bad_pipeline_config_is_an_invalid_record_and_nothing_launches(tmp_path):

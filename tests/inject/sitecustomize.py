@@ -100,9 +100,40 @@ def _expert_grads_not_divided() -> None:
     ExpertParallel._reduce_grads = planted
 
 
+def _deepspeed_scales_twice() -> None:
+    """DeepSpeed: the harness divides each micro-batch's loss by the accumulation steps before
+    engine.backward, which divides it again (grads / gradient_accumulation_steps); the recorded
+    losses are the forward's, untouched."""
+    from harness.strategies.deepspeed.engine import DeepSpeedStrategy
+
+    setup = DeepSpeedStrategy.setup
+
+    def planted(self, model):
+        setup(self, model)
+        backward = self.engine.backward
+        self.engine.backward = lambda loss, **kwargs: backward(loss / self.num_microbatches, **kwargs)
+
+    DeepSpeedStrategy.setup = planted
+
+
+def _expert_replicas_not_reduced() -> None:
+    """Expert-parallel with dp > ep: the expert gradients are not summed over the replicas (dp_rep)
+    of each expert, only divided by dp. Invisible when dp == ep (no replicas)."""
+    from harness.strategies.ep import ExpertParallel
+
+    setup = ExpertParallel.setup
+
+    def planted(self, model):
+        setup(self, model)
+        self.expert_group = None
+
+    ExpertParallel.setup = planted
+
+
 PLANTS = {"ddp_sums_over_dp": _ddp_sums_over_dp, "fsdp_sums_over_dp": _fsdp_sums_over_dp,
           "drop_last_microbatch": _drop_last_microbatch, "pipeline_scales_twice": _pipeline_scales_twice,
-          "expert_grads_not_divided": _expert_grads_not_divided}
+          "expert_grads_not_divided": _expert_grads_not_divided, "deepspeed_scales_twice": _deepspeed_scales_twice,
+          "expert_replicas_not_reduced": _expert_replicas_not_reduced}
 
 if os.environ.get("BRIGADE_TEST_OPTIMIZER") == "sgd":
     _sgd()

@@ -44,11 +44,12 @@ IN_STEP = {c: f"{c}_in_step" for c in ("all_reduce", "all_gather", "reduce_scatt
 
 class Link:
     """One (α, bus bandwidth) pair: latency in seconds, bandwidth in bytes/s; and, where calibrate
-    timed this collective per message size, those times ((log bytes, seconds) sorted)."""
-    __slots__ = ("alpha_s", "bw_Bps", "measured")
+    timed this collective per message size, those times ((log bytes, seconds) sorted); across a fabric
+    with measured curves, (fabric, collective, ranks per node): its calls priced by fabric.py."""
+    __slots__ = ("alpha_s", "bw_Bps", "measured", "fabric")
 
-    def __init__(self, alpha_s: float, bw_Bps: float, measured: tuple = ()):
-        self.alpha_s, self.bw_Bps, self.measured = alpha_s, bw_Bps, measured
+    def __init__(self, alpha_s: float, bw_Bps: float, measured: tuple = (), fabric: tuple = ()):
+        self.alpha_s, self.bw_Bps, self.measured, self.fabric = alpha_s, bw_Bps, measured, fabric
 
 
 class Hops(NamedTuple):
@@ -84,7 +85,11 @@ def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
     """Seconds of one collective on a message of msg_bytes. Within the sizes calibrate timed, its
     measured times interpolated in log size: the α-β fit is a least-squares line through them and on
     gloo misses the middle (cpu_reference: all_reduce of 256 KiB at 2 ranks measured 2.31 ms, the fit
-    says 0.74 ms), where a tensor-parallel activation's all-reduce falls. Outside them, the fit."""
+    says 0.74 ms), where a tensor-parallel activation's all-reduce falls. Outside them, the fit. Across
+    a fabric profile: its measured curve at this placement (harness/costmodel/fabric.py)."""
+    if link.fabric:
+        fabric, _, g = link.fabric
+        return fabric.call_s(collective, n, g, msg_bytes)
     pts = link.measured
     if pts and pts[0][0] <= math.log(max(msg_bytes, 1.0)) <= pts[-1][0]:
         x = math.log(max(msg_bytes, 1.0))
@@ -102,7 +107,8 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     on each node drives min(g, NICs) of them at once: its bus bandwidth is that many times one NIC's
     (inter_node.bus_bw_GBps), up to the intra-node link's (NCCL src/graph/tuning.cc: ring bus bandwidth
     = channels x per-channel speed; docs/published.md), and its latency grows with the ranks and nodes
-    the ring or tree passes (spanning_latency_s)."""
+    the ring or tree passes (spanning_latency_s). A profile with a named fabric (hardware.fabric) prices
+    every call across nodes on that fabric's measured curves instead (harness/costmodel/fabric.py)."""
     if n * stride <= ranks_per_node:
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
@@ -112,6 +118,8 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
             return time_shared(timed[among], share / core_sharing(hw, among))
         return hw.intra
     g = max(1, min(n, ranks_per_node // max(1, stride)))
+    if hw.fabric is not None:
+        return hw.fabric.link(collective, n, g)
     nics = min(g, hw.nics_per_node)
     return Link(spanning_latency_s(hw, collective, n, g),
                 min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps) if nics > 1 else hw.inter.bw_Bps)
@@ -137,7 +145,7 @@ def time_shared(link: Link, f: float) -> Link:
     ones 0.5-1.5x (waiting, not computing, one pair's core serves the other). f = 1 on a GPU profile."""
     if f <= 1.0:
         return link
-    return Link(link.alpha_s * f, link.bw_Bps / f, tuple((x, t * f) for x, t in link.measured))
+    return Link(link.alpha_s * f, link.bw_Bps / f, tuple((x, t * f) for x, t in link.measured), link.fabric)
 
 
 def time_s(link: Link, collective: str, n: int, size_bytes: float, calls: float) -> float:

@@ -7,6 +7,7 @@ import math
 
 from harness.costmodel import comm
 from harness.costmodel.compute import GemmCurve
+from harness.costmodel.fabric import Fabric
 from harness.costmodel import memory as mem
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token, selective_op_recompute_flops_per_token)
@@ -39,7 +40,7 @@ class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "tensor_peak", "clock_scale", "intra", "inter", "nics_per_node", "hops",
                  "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "attention_backward_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
-                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2")
+                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2", "fabric")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -58,6 +59,9 @@ class Hardware:
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
         self.nics_per_node = int(getattr(hw.inter_node, "nics_per_node", None) or 1)  # absent: one
+        # the named fabric (conf/hardware/fabric/): prices every collective across nodes (fabric.py); absent:
+        # the inter_node link above
+        self.fabric = Fabric.of(getattr(hw, "fabric", None))
         # NCCL's per-step latencies of a ring and a tree over NVLink / the network (comm.collective_link);
         # absent (CPU profiles): 0, every call pays the flat latency_us
         self.hops = comm.Hops(*(float(getattr(link, key, None) or 0.0) * 1e-6

@@ -132,7 +132,8 @@ def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:
         size = c.op.bytes_once + c.op.bytes_per_microbatch * m
         calls = (max(1, math.ceil(size / c.bucket_bytes)) if c.bucket_bytes
                  else max(1, round(size / max(c.unit_bytes, 1))) * c.units)
-        t = calls * c.alpha_s + size * c.factor / c.bus_bw_Bps
+        t = (calls * comm.call_s(c.link, c.op.collective, c.group, size / calls) if c.link is not None
+             else calls * c.alpha_s + size * c.factor / c.bus_bw_Bps)
         volume += c.factor * size
         total += t
         exposed += _exposed(lo, c, t, calls, t_mb, m, ct.compute_s)
@@ -191,5 +192,6 @@ def ep_comm(lo, mb: int, m: int) -> AxisComm:
     calls = 4 * lo.links.ep_layers * m  # dispatch and combine, forward and backward
     size = calls * mb * md.s * md.k * md.h * 4
     factor = comm.FACTOR["all_to_all"](lo.place.ep)
-    t = calls * link.alpha_s + factor * size / link.bw_Bps
+    t = (calls * comm.call_s(link, "all_to_all", lo.place.ep, size / calls) if link.fabric
+         else calls * link.alpha_s + factor * size / link.bw_Bps)
     return AxisComm(factor * size, t, t)

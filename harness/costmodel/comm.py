@@ -69,16 +69,19 @@ def spanning_latency_s(hw, collective: str, n: int, g: int) -> float:
     within the nodes and 2 floor(log2 N) levels between them, and NCCL takes the quicker. On top of
     the profile's per-call start-up (inter_node.latency_us). Other collectives, and profiles without
     hop latencies, pay the start-up alone."""
-    h, base = hw.hops, hw.inter.alpha_s
+    return hw.inter.alpha_s + hop_latency_s(hw.hops, collective, n, g)
+
+
+def hop_latency_s(h: Hops, collective: str, n: int, g: int) -> float:
+    """The ring steps' or tree levels' part of spanning_latency_s (0 for other collectives)."""
     nodes = -(-n // g)
     steps = {"all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "all_reduce": 2}.get(collective)
     if steps is None or not (h.ring_intra or h.ring_inter):
-        return base
-    ring = base + steps * ((n - nodes) * h.ring_intra + (nodes - 1) * h.ring_inter)
+        return 0.0
+    ring = steps * ((n - nodes) * h.ring_intra + (nodes - 1) * h.ring_inter)
     if collective != "all_reduce" or not (h.tree_intra or h.tree_inter):
         return ring
-    tree = base + 2 * ((g - 1) * h.tree_intra + int(math.log2(nodes)) * h.tree_inter)
-    return min(ring, tree)
+    return min(ring, 2 * ((g - 1) * h.tree_intra + int(math.log2(nodes)) * h.tree_inter))
 
 
 def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
@@ -109,7 +112,7 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     = channels x per-channel speed; docs/published.md), and its latency grows with the ranks and nodes
     the ring or tree passes (spanning_latency_s). A profile with a named fabric (hardware.fabric) prices
     every call across nodes on that fabric's measured curves instead (harness/costmodel/fabric.py)."""
-    if n * stride <= ranks_per_node:
+    if not crosses_nodes(n, stride, ranks_per_node):
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
             timed = table[min(table, key=lambda k: (abs(k - n), -k))]
@@ -123,6 +126,11 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     nics = min(g, hw.nics_per_node)
     return Link(spanning_latency_s(hw, collective, n, g),
                 min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps) if nics > 1 else hw.inter.bw_Bps)
+
+
+def crosses_nodes(n: int, stride: int, ranks_per_node: int) -> bool:
+    """Whether a group of n ranks `stride` apart in rank order spans more than one node."""
+    return n * stride > ranks_per_node
 
 
 def core_sharing(hw, ranks: float) -> float:

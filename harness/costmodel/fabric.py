@@ -23,7 +23,8 @@ first as the measured run may have), at least the wire time at the rails' line r
 factor(n) x S / (min(g, NICs) x rail rate). Below the smallest measured size the time runs on a line
 from the fabric's latency to the smallest point (latency-bound), above the largest at the largest
 point's bandwidth; beyond the measured node counts the nearest measured one (each profile says how far
-its curves reach). A collective without a curve of its own uses the all-reduce's bus bandwidth (a ring
+its curves reach), plus NCCL's latency per ring step or tree level beyond the measured run's
+(comm.hop_latency_s, the node profile's hop latencies: a ring over 1536 ranks passes 1535 steps). A collective without a curve of its own uses the all-reduce's bus bandwidth (a ring
 all-reduce is a reduce-scatter and an all-gather at the same busbw, the definition nccl-tests gives
 busbw for), send/recv one rail's line rate.
 """
@@ -55,13 +56,18 @@ class Curve:
 
 class Fabric:
     """A fabric profile in SI units."""
-    __slots__ = ("name", "transport", "in_network", "nics_per_node", "rail_Bps", "latency_s", "curves", "_cache")
+    __slots__ = ("name", "transport", "in_network", "nics_per_node", "rail_Bps", "latency_s", "latency_at", "hops",
+                 "curves", "_cache")
 
     @classmethod
-    def of(cls, cfg) -> "Fabric | None":
+    def of(cls, cfg, hops: comm.Hops = comm.Hops()) -> "Fabric | None":
+        """cfg: hardware.fabric; hops: NCCL's per-step latencies of the node profile (comm.Hops)."""
         if not cfg or not cfg.get("name"):
             return None
         self = cls()
+        self.hops = hops
+        # the measured small-message latency's placement: (nodes, GPUs per node)
+        self.latency_at = (int(cfg.get("latency_nodes", 2)), int(cfg.get("latency_gpus_per_node", 8)))
         self.name, self.transport = cfg["name"], cfg.get("transport", "")
         self.in_network = bool(cfg.get("in_network", False))
         self.nics_per_node = int(cfg["nics_per_node"])
@@ -98,12 +104,17 @@ class Fabric:
         c = self.curve(collective, nodes, g)
         if c is None:
             t = wire
+            at = self.latency_at
         else:
             measured = c.collective
             ratio = factor / comm.FACTOR[measured](c.ranks) * min(c.gpus_per_node, self.nics_per_node) / nics
             t = _interpolate(c.points, msg_bytes * ratio, self.latency_s)
             if g < c.gpus_per_node:
                 t = max(t, wire)
+            at = (c.nodes, c.gpus_per_node)
+        # a ring over more ranks and nodes than the measured run pays NCCL's latency per extra step (comm.hop_latency_s)
+        t += max(0.0, comm.hop_latency_s(self.hops, collective, n, g)
+                 - comm.hop_latency_s(self.hops, collective, at[0] * at[1], at[1]))
         if len(self._cache) < 65536:
             self._cache[key] = t
         return t

@@ -59,14 +59,14 @@ class Hardware:
         self.intra = comm.Link(hw.intra_node.latency_us * 1e-6, hw.intra_node.bus_bw_GBps * 1e9)
         self.inter = comm.Link(hw.inter_node.latency_us * 1e-6, hw.inter_node.bus_bw_GBps * 1e9)
         self.nics_per_node = int(getattr(hw.inter_node, "nics_per_node", None) or 1)  # absent: one
-        # the named fabric (conf/hardware/fabric/): prices every collective across nodes (fabric.py); absent:
-        # the inter_node link above
-        self.fabric = Fabric.of(getattr(hw, "fabric", None))
         # NCCL's per-step latencies of a ring and a tree over NVLink / the network (comm.collective_link);
         # absent (CPU profiles): 0, every call pays the flat latency_us
         self.hops = comm.Hops(*(float(getattr(link, key, None) or 0.0) * 1e-6
                                 for key in ("ring_hop_latency_us", "tree_hop_latency_us")
                                 for link in (hw.intra_node, hw.inter_node)))
+        # the named fabric (conf/hardware/fabric/): prices every collective across nodes (fabric.py); absent:
+        # the inter_node link above
+        self.fabric = Fabric.of(getattr(hw, "fabric", None), self.hops)
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = _collective_table(hw.collectives or {})
         self.gemm = {k: GemmCurve.of(v, self.clock_scale) for k, v in dict(compute.get("gemm") or {}).items()}

@@ -122,6 +122,13 @@ def placement(hw: Hardware, dp: int, tp: int, pp: int, vpp: int, ep: int, nodes:
     return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, *cpu_slowdowns(hw, rpn))
 
 
+def node_crossing_axes(pl: Placement) -> tuple[str, ...]:
+    """The parallel axes whose groups span nodes. Rank order puts tp innermost, then dp (ep within it),
+    then pp (ParallelDims' mesh and axis_links below): tp's stride is 1, dp's and ep's tp, pp's dp x tp."""
+    axes = (("tp", pl.tp, 1), ("ep", pl.ep, pl.tp), ("dp", pl.dp, pl.tp), ("pp", pl.pp, pl.dp * pl.tp))
+    return tuple(name for name, n, stride in axes if n > 1 and comm.crosses_nodes(n, stride, pl.ranks_per_node))
+
+
 def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
     """(GEMM, memory) slowdown of each of `busy_ranks` CPU ranks computing at once on a node: beyond the
     core count they time-share; from 2 ranks on, every core computes at once and each runs at the rate

@@ -59,13 +59,15 @@ def strategy_defaults(name: str) -> dict:
 
 class Candidate:
     __slots__ = ("dp", "tp", "pp", "vpp", "ep", "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred",
-                 "dp_replicate")
+                 "dp_replicate", "crosses")
 
-    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred, dp_replicate=1):
+    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred, dp_replicate=1,
+                 crosses=()):
         self.dp, self.tp, self.pp, self.vpp, self.ep, self.zero = dp, tp, pp, vpp, ep, zero
         self.mb, self.m, self.ckpt, self.schedule, self.strategy, self.knobs, self.pred = (
             mb, m, ckpt, schedule, strategy, knobs, pred)
         self.dp_replicate = dp_replicate  # HSDP: FSDP over dp / dp_replicate ranks, replicated dp_replicate times
+        self.crosses = crosses  # the axes whose groups span nodes (layout.node_crossing_axes)
 
     def overrides(self) -> list[str]:
         out = [f"strategy={self.strategy}"]
@@ -83,7 +85,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
     from harness.costmodel.estimate import finish
     from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
-    from harness.costmodel.layout import layout
+    from harness.costmodel.layout import layout, node_crossing_axes
     from harness.costmodel.memory_peak import memory_peak
     from harness.validate import available_strategies
 
@@ -139,6 +141,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                         continue  # the schedule refuses this micro-batch count (validate.py)
                                     if lo is None:  # what micro-batching and checkpointing do not change, once
                                         lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
+                                        crosses = node_crossing_axes(lo.place)
                                         shards = {r: layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes)
                                                   for r in reps}
                                     for ckpt in CHECKPOINTING:
@@ -154,7 +157,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                                 pred = hsdp_prediction(pred, finish(lo_states, mb, m, ckpt, peak), lo, st,
                                                                        run, hw, mb, m, ckpt, rep)
                                             feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
-                                                                      strat[0], knobs, pred, rep))
+                                                                      strat[0], knobs, pred, rep, crosses))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
     return feasible, {"evaluated": evaluated, "oom": oom, "seconds": time.perf_counter() - t0}
 
@@ -196,9 +199,9 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     t = Table(title=f"{run.model.name} on {counts['gpus']} x {hw.name}, global batch {run.workload.global_batch_size} "
                     f"x {run.model.seq_len} tokens, {run.workload.precision}: top {min(k, len(cands))} by predicted "
-                    f"tokens/s", title_justify="left", header_style="bold")
+                    f"tokens/s\n{network(run)}", title_justify="left", header_style="bold")
     for col in ("#", "strategy", "dp", "tp", "pp", "vpp", "ep", "ZeRO", "mb", "m", "ckpt", "step s", "tokens/s",
-                "MFU %", "mem GiB", "why"):
+                "MFU %", "mem GiB", "across nodes", "why"):
         t.add_column(col, justify="left" if col in ("strategy", "ckpt", "why") else "right")
     for i, c in enumerate(cands[:k]):
         p = c.pred
@@ -210,8 +213,21 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
         t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp, str(c.dp), str(c.tp), str(c.pp),
                   str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
-                  why(c, nxt, gib * 1024**3))
+                  ", ".join(c.crosses) or "none", why(c, nxt, gib * 1024**3))
     return t
+
+
+def network(run) -> str:
+    """The node and the fabric the table is priced on (the header's second line)."""
+    from harness.costmodel.fabric import Fabric
+
+    hw = run.hardware
+    node = f"node: {hw.devices_per_node} x {hw.name}, {hw.intra_node.bus_bw_GBps:g} GB/s busbw inside"
+    fabric = Fabric.of(hw.fabric)
+    if fabric is not None:
+        return f"{node}; fabric: {fabric.describe()}"
+    return (f"{node}; fabric: none named, the profile's inter_node link ({hw.inter_node.nics_per_node} x "
+            f"{hw.inter_node.bus_bw_GBps:g} GB/s; hardware/fabric=<name> of conf/hardware/fabric/ prices a measured one)")
 
 
 def hints(run, gpus: int) -> list[str]:

@@ -23,8 +23,8 @@ first as the measured run may have), at least the wire time at the rails' line r
 factor(n) x S / (min(g, NICs) x rail rate). Below the smallest measured size the time runs on a line
 from the fabric's latency to the smallest point (latency-bound), above the largest at the largest
 point's bandwidth; beyond the measured node counts the nearest measured one (each profile says how far
-its curves reach), plus NCCL's latency per ring step or tree level beyond the measured run's
-(comm.hop_latency_s, the node profile's hop latencies: a ring over 1536 ranks passes 1535 steps). A collective without a curve of its own uses the all-reduce's bus bandwidth (a ring
+its curves reach), plus NCCL's latency per ring step or tree level the group passes beyond the measured
+run's (comm.hop_latency_s, the node profile's hop latencies: a ring over 1536 ranks passes 1535 steps). A collective without a curve of its own uses the all-reduce's bus bandwidth (a ring
 all-reduce is a reduce-scatter and an all-gather at the same busbw, the definition nccl-tests gives
 busbw for), send/recv one rail's line rate.
 """
@@ -101,20 +101,23 @@ class Fabric:
         nodes, nics = -(-n // g), min(g, self.nics_per_node)
         factor = comm.FACTOR[collective](n)
         wire = self.latency_s + factor * msg_bytes / (nics * self.rail_Bps)
+        # a ring over more (fewer) ranks and nodes than a measured run pays NCCL's latency per step more (less)
+        # (comm.hop_latency_s): from the latency's placement to the curve's, and from the curve's to this group's
+        def steps(nodes_gpus):
+            return comm.hop_latency_s(self.hops, collective, nodes_gpus[0] * nodes_gpus[1], nodes_gpus[1])
+
+        here = comm.hop_latency_s(self.hops, collective, n, g)
         c = self.curve(collective, nodes, g)
         if c is None:
-            t = wire
-            at = self.latency_at
+            t = wire + here - steps(self.latency_at)
         else:
-            measured = c.collective
-            ratio = factor / comm.FACTOR[measured](c.ranks) * min(c.gpus_per_node, self.nics_per_node) / nics
-            t = _interpolate(c.points, msg_bytes * ratio, self.latency_s)
-            if g < c.gpus_per_node:
-                t = max(t, wire)
             at = (c.nodes, c.gpus_per_node)
-        # a ring over more ranks and nodes than the measured run pays NCCL's latency per extra step (comm.hop_latency_s)
-        t += max(0.0, comm.hop_latency_s(self.hops, collective, n, g)
-                 - comm.hop_latency_s(self.hops, collective, at[0] * at[1], at[1]))
+            ratio = factor / comm.FACTOR[c.collective](c.ranks) * min(c.gpus_per_node, self.nics_per_node) / nics
+            latency = max(self.latency_s + steps(at) - steps(self.latency_at), 0.0)  # the curve's own placement
+            t = _interpolate(c.points, msg_bytes * ratio, latency) + here - steps(at)
+            if g < c.gpus_per_node:
+                t = max(t, wire + here - steps(self.latency_at))
+        t = max(t, 1e-7)
         if len(self._cache) < 65536:
             self._cache[key] = t
         return t

@@ -13,7 +13,7 @@ from harness.costmodel import comm
 from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.step_time import tp_comm
-from harness.tools.plan import network
+from harness.tools.plan_reasons import network
 
 FABRICS = sorted((Path(__file__).resolve().parents[1] / "conf" / "hardware" / "fabric").glob("*.yaml"))
 

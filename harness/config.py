@@ -95,6 +95,7 @@ class StrategyConfig:
     low_precision_params: bool = False
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES
+    stage_layers: list[int] = field(default_factory=list)  # blocks per pipeline stage (pp * vpp counts); empty: as even as n_layers allows (models/pipeline_split.py)
     # DeepSpeed
     offload: str = "none"  # none | optimizer | optimizer+params
     ds: DeepSpeedKnobs = field(default_factory=DeepSpeedKnobs)

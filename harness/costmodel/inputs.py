@@ -146,7 +146,7 @@ class Strategy:
     __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
                  "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
                  "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
-                 "low_precision_params", "state_knobs")
+                 "low_precision_params", "state_knobs", "stage_layers")
 
     @classmethod
     def of(cls, s) -> "Strategy":
@@ -155,6 +155,7 @@ class Strategy:
         self.zero1_impl = getattr(s, "zero1_impl", "torch_zero")
         self.family = mem.family(s)
         self.schedule = s.schedule
+        self.stage_layers = tuple(getattr(s, "stage_layers", None) or ())  # explicit pipeline split (models/pipeline_split.py)
         self.sp = bool(s.sequence_parallel)
         self.reshard_after_forward = bool(s.reshard_after_forward)
         self.fsdp_accumulate = getattr(s, "fsdp_accumulate", "unsharded")

@@ -109,19 +109,19 @@ def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
     """(bubble seconds of the slowest rank, bubble_pct as measured: mean over ranks of idle / pipeline time).
     With unequal stages (on model=small the last stage's head makes it 1.6x the first) the slowest rank
     idles while the others fill and drain, bubble_units x the others' mean time, and the faster ranks
-    idle longer. lo.ranks holds pp ranks 0, 1, p-1 (the middle ranks equal rank 1). Equal stages:
+    idle longer. lo.ranks holds one pp rank per kind of stage, each standing for `weight` ranks
+    (layout.pipeline_ranks: ranks 0, 1, p-1 with equal stages, the middle ones like rank 1). Equal stages:
     idle_mean_s = bubble_s and this is the formula's (p-1)/(v m + p-1)."""
     pl, t_mb = lo.place, ct.microbatch_s
     units = pipe.bubble_units(lo.strategy.schedule, pl.pp, pl.vpp, m)
     if pl.pp <= 1:
         return 0.0, 0.0
-    t = ct.per_rank_s
-    t_all = [t[0], *[t[min(1, pl.pp - 1)]] * (pl.pp - 2), t[pl.pp - 1]]
-    others = (sum(t_all) - t_mb) / (pl.pp - 1)
+    t_sum = sum(ct.per_rank_s[r.pp_rank] * r.weight for r in lo.ranks)  # over all pp ranks
+    others = (t_sum - t_mb) / (pl.pp - 1)
     if ct.pipe_s:  # CPU pipelines: the warped timeline of the stages' own costs (compute_time)
         return ct.pipe_s - m * t_mb * ct.busy_warp, 100 * ct.idle_mean_s / ct.pipe_s
     pipe_s = m * t_mb + units * others / pl.vpp
-    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all)
+    idle_mean_s = pipe_s - m * t_sum / pl.pp
     return units / pl.vpp * t_mb, 100 * idle_mean_s / pipe_s
 
 

@@ -9,7 +9,8 @@ replica count R for FSDP2 layouts (dp = R x shard group), bf16 parameters for th
 under bf16-mixed, micro-batch size, checkpointing) with
 dp*tp*pp = plan.gpus that brigade can run: the global batch is the workload's
 (workload.global_batch_size sequences), so the micro-batch count is m = global / (dp * micro-batch);
-degrees must divide heads, d_ff, layers and experts as harness/validate.py requires; each layout maps
+degrees must divide heads, d_ff and experts as harness/validate.py requires (pp * vpp need not divide the
+layers: models/pipeline_split.py splits them as evenly as they allow); each layout maps
 to an existing strategy (harness/catalog.py strategy_for). Each candidate is evaluated by the same functions
 `harness.tools.predict` uses (harness.costmodel: `layout` once per parallel layout, then for every micro-batch size and
 checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima only), the rest are
@@ -112,7 +113,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
         if heads % tp or d_ff % tp:
             continue
         for pp in divisors(gpus // tp):
-            if L % pp:
+            if L < pp:  # every stage holds a block; an uneven split is models/pipeline_split.py's rule
                 continue
             dp = gpus // (tp * pp)
             schedules = SCHEDULES_VPP if pp > 1 else ((catalog.DEFAULT_SCHEDULE, (1,)),)
@@ -127,7 +128,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                   for v in with_low_precision_params(sp, precision)):
                         for schedule, vpps in schedules:
                             for vpp in vpps:
-                                if L % (pp * vpp):
+                                if L < pp * vpp:
                                     continue
                                 st = knobs_for(strat[0], knobs, schedule)
                                 # HSDP (FSDP2 only): also shard over dp / R ranks, replicated R times

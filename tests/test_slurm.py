@@ -240,7 +240,7 @@ def test_calibrate_fabric_across_two_nodes_writes_a_fabric_profile(slurm_cluster
     assert p.returncode == 0, p.stderr[-3000:]
     doc = yaml.safe_load(out.read_text())
     assert doc["latency_nodes"] == 2 and doc["latency_gpus_per_node"] == 1 and doc["transport"] == "gloo"
-    assert "SLURM job" in doc["source"]["calibrate"] and "bn1" in doc["source"]["calibrate"]
+    assert "SLURM job" in doc["source"]["calibrate"] and "bn[1-2]" in doc["source"]["calibrate"]
     assert set(doc["curves"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     for runs in doc["curves"].values():
         assert [(r["nodes"], r["gpus_per_node"]) for r in runs] == [(2, 1)]

@@ -8,25 +8,29 @@ doc/PERFORMANCE.md). The measured run used NCCL's own algorithm choice, so where
 (a tree or NVLS tree reduces inside the node first and only a node's share crosses the network) the
 curve already says so.
 
-A brigade group is rarely the measured one: a dp group with tp 8 has one rank per node. What it shares
-with the measured run is what each NIC carries. A ring's node boundary carries, per direction, what
-each rank sends, factor(n) x S, spread over the min(g, NICs) NICs the g ranks of a node drive (NCCL
-spreads its channels over the NICs: src/graph/tuning.cc, ring bandwidth = channels x per-channel
-speed). So a group of n ranks, g per node, on N nodes, moving S, is priced at the measured curve of the
-nearest node count where each NIC carries the same bytes:
+A brigade group is rarely the measured one: a dp group with tp 8 has one rank per node, and 1024 ranks
+span more nodes than anyone measured. What decides a ring's bandwidth is the chunk each rank passes per
+step, S / n, and the NICs it passes them through: NCCL spreads its channels over the min(g, NICs) NICs
+the g ranks of a node drive (src/graph/tuning.cc, ring bandwidth = channels x per-channel speed). In
+efa_p5's curves busbw at one chunk hardly moves with the node count: at 2 MiB a rank, 147, 152, 156,
+148, 157 GB/s on 2, 4, 8, 16, 32 nodes (32 MiB ... 512 MiB all-reduces); at 8 MiB, 305 then 269-273.
+So a group of n ranks, g per node, on N nodes, moving S, is priced on the curve of the nearest measured
+node count (n_meas ranks, g_meas a node) at the same bytes per rank and NIC:
 
-    S_eq = S x factor(n) / factor(n_meas) x min(g_meas, NICs) / min(g, NICs)
-    t    = t_meas(N, S_eq)                      (log-log interpolation between measured sizes)
+    k    = min(g_meas, NICs) / min(g, NICs)
+    S_eq = S x n_meas / n x k                   (log-log interpolation between measured sizes)
+    t    = latency + (t_meas(S_eq) - latency_meas) x factor(n) S k / (factor(n_meas) S_eq)
 
-and, when the group has fewer ranks per node than the measured run (it cannot reduce inside the node
+i.e. the measured bus bandwidth at that chunk, over this group's NICs; and, when the group has fewer ranks per node than the measured run (it cannot reduce inside the node
 first as the measured run may have), at least the wire time at the rails' line rate:
 factor(n) x S / (min(g, NICs) x rail rate). Below the smallest measured size the time runs on a line
 from the fabric's latency to the smallest point (latency-bound), above the largest at the largest
 point's bandwidth; beyond the measured node counts the nearest measured one (each profile says how far
-its curves reach), plus NCCL's latency per ring step or tree level the group passes beyond the measured
-run's (comm.hop_latency_s, the node profile's hop latencies: a ring over 1536 ranks passes 1535 steps). A collective without a curve of its own uses the all-reduce's bus bandwidth (a ring
-all-reduce is a reduce-scatter and an all-gather at the same busbw, the definition nccl-tests gives
-busbw for), send/recv one rail's line rate.
+its curves reach). The latency is the fabric's measured small-message time plus NCCL's latency per
+ring step or tree level the group passes beyond that measurement's (comm.hop_latency_s, the node
+profile's hop latencies: a ring over 1536 ranks passes 1535 steps). A collective without a curve of
+its own uses the all-reduce's bus bandwidth (a ring all-reduce is a reduce-scatter and an all-gather at
+the same busbw, the definition nccl-tests gives busbw for), send/recv one rail's line rate.
 """
 from __future__ import annotations
 
@@ -106,17 +110,20 @@ class Fabric:
         def steps(nodes_gpus):
             return comm.hop_latency_s(self.hops, collective, nodes_gpus[0] * nodes_gpus[1], nodes_gpus[1])
 
-        here = comm.hop_latency_s(self.hops, collective, n, g)
+        latency = self.latency_s + comm.hop_latency_s(self.hops, collective, n, g) - steps(self.latency_at)
         c = self.curve(collective, nodes, g)
         if c is None:
-            t = wire + here - steps(self.latency_at)
+            t = wire + latency - self.latency_s
         else:
-            at = (c.nodes, c.gpus_per_node)
-            ratio = factor / comm.FACTOR[c.collective](c.ranks) * min(c.gpus_per_node, self.nics_per_node) / nics
-            latency = max(self.latency_s + steps(at) - steps(self.latency_at), 0.0)  # the curve's own placement
-            t = _interpolate(c.points, msg_bytes * ratio, latency) + here - steps(at)
+            # the measured run at the same bytes per rank and NIC (module docstring), its bandwidth part
+            # scaled to this group's bytes and NICs
+            nic_ratio = min(c.gpus_per_node, self.nics_per_node) / nics
+            size_eq = msg_bytes * c.ranks / n * nic_ratio
+            measured_latency = max(self.latency_s + steps((c.nodes, c.gpus_per_node)) - steps(self.latency_at), 0.0)
+            moving = max(_interpolate(c.points, size_eq, measured_latency) - measured_latency, 0.0)
+            t = latency + moving * factor * msg_bytes * nic_ratio / (comm.FACTOR[c.collective](c.ranks) * size_eq)
             if g < c.gpus_per_node:
-                t = max(t, wire + here - steps(self.latency_at))
+                t = max(t, wire + latency - self.latency_s)
         t = max(t, 1e-7)
         if len(self._cache) < 65536:
             self._cache[key] = t

@@ -95,6 +95,7 @@ class StrategyConfig:
     low_precision_params: bool = False
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES
+    stage_layers: list[int] = field(default_factory=list)  # blocks per pipeline stage (pp * vpp counts); empty: as even as n_layers allows (models/pipeline_split.py)
     # DeepSpeed
     offload: str = "none"  # none | optimizer | optimizer+params
     ds: DeepSpeedKnobs = field(default_factory=DeepSpeedKnobs)
@@ -147,6 +148,7 @@ class HardwareConfig:
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     collectives: dict[str, Any] = field(default_factory=dict)  # calibrated per-collective figures (harness.calibrate)
+    fabric: dict[str, Any] = field(default_factory=dict)  # the network between nodes, hardware/fabric=<name> (conf/hardware/fabric/, harness/costmodel/fabric.py); empty: inter_node
     memory_bw_GBps: float = 0.0  # achievable memory bandwidth of one device, GB/s: memory-bound work (optimizer step, element-wise ops) in the cost model; 0 = not modelled
     compute: dict[str, Any] = field(default_factory=dict)  # shape-aware compute (harness/costmodel/compute.py): gemm.<dtype>.{max_tflops, tile, units, half_ridge | points}, attention_efficiency.<dtype>, attention_backward_efficiency.<dtype>, op_dispatch_us, ops_per_layer, dtensor.{op_us, op_us_per_melem, ops_per_layer, outside_op_us, ops_outside_layers, optimizer_op_us, optimizer_ops_per_layer, optimizer_ops_outside_layers, sequence_parallel: {the same}}, corun.{cores, gemm, memory}, fsdp2.{block_us, outside_us, step_block_us, step_outside_us}, allocator_overhead, overlap_slowdown, clock_scale
     precisions: list[str] = field(default_factory=lambda: ["fp32"])  # workload.precision values it can run

@@ -87,9 +87,7 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
         raise ConfigError(f"model.loss={m.loss} takes whole (B, T, V) logits; with tp {dims.tp} and "
                           f"strategy.loss_parallel=true they are vocabulary-sharded DTensors (torch's loss_parallel "
                           f"runs its own cross-entropy): set strategy.loss_parallel=false or model.loss=fp32")
-    if m.n_layers % (dims.pp * dims.vpp):
-        raise ConfigError(f"n_layers {m.n_layers} not divisible by pp*vpp {dims.pp * dims.vpp} "
-                          f"(pp {dims.pp} * vpp {dims.vpp})")
+    _validate_stage_layers(m.n_layers, dims, s)
     if m.attention not in catalog.ATTENTIONS:
         raise ConfigError(f"unknown model.attention '{m.attention}'; available: {', '.join(catalog.ATTENTIONS)}")
     if m.n_experts:
@@ -199,7 +197,8 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int, torch_runs:
     w = run.workload
     m_math = (f"num_microbatches {nmb} = global_batch_size {w.global_batch_size} / (dp {dims.dp} * "
               f"micro_batch_size {w.micro_batch_size})")
-    broken = catalog.microbatch_rule_broken(s.schedule, s.engine, dims.pp, dims.vpp, nmb)
+    # torch's own rules (stages_pp, rounds) bind its runtime only: the cost model prices the schedule anyway
+    broken = catalog.microbatch_rule_broken(s.schedule, s.engine if torch_runs else "", dims.pp, dims.vpp, nmb)
     if broken == "stages":
         raise ConfigError(f"{s.schedule} needs num_microbatches >= stages: {m_math} < pp {dims.pp} * vpp {dims.vpp} "
                           f"= {stages} stages")
@@ -214,6 +213,22 @@ def _validate_pipeline(run: RunConfig, dims: ParallelDims, nmb: int, torch_runs:
                           f"{nmb % rounds}; use a multiple of pp {dims.pp}")
     if s.engine == "torch":
         _validate_torch_pipeline(run)
+
+
+def _validate_stage_layers(n_layers: int, dims, s) -> None:
+    """Every stage holds a block; an explicit split adds up (models/pipeline_split.py); DeepSpeed: even only."""
+    stages = dims.pp * dims.vpp
+    if s.stage_layers:
+        if len(s.stage_layers) != stages or sum(s.stage_layers) != n_layers or min(s.stage_layers) < 1:
+            raise ConfigError(f"strategy.stage_layers {list(s.stage_layers)}: {len(s.stage_layers)} counts summing "
+                              f"to {sum(s.stage_layers)}, need pp {dims.pp} * vpp {dims.vpp} = {stages} counts of at "
+                              f"least 1 summing to n_layers {n_layers}")
+    elif n_layers < stages:
+        raise ConfigError(f"n_layers {n_layers} < pp*vpp {stages} (pp {dims.pp} * vpp {dims.vpp}): a stage "
+                          f"would hold no block")
+    if s.engine == "deepspeed" and dims.pp > 1 and (s.stage_layers or n_layers % stages):
+        raise ConfigError(f"engine deepspeed splits a pipeline evenly only: n_layers {n_layers} % pp*vpp {stages} = "
+                          f"{n_layers % stages}" + (", strategy.stage_layers set" if s.stage_layers else ""))
 
 
 def _validate_torch_pipeline(run: RunConfig) -> None:

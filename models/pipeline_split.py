@@ -1,8 +1,12 @@
 """Pipeline split points of the GPT model, as data: which layers each pipeline stage holds.
 
-A stage is a contiguous run of transformer blocks. By default the layers are split evenly by count
-(n_layers / num_stages each; harness/validate.py refuses a config where num_stages does not divide
-n_layers). The pieces that are not blocks are placed by a fixed rule:
+A stage is a contiguous run of transformer blocks. By default the layers are split as evenly as their
+count allows: n_layers // num_stages each, and the first n_layers % num_stages stages one more (28
+layers on 8 stages: 4 4 4 4 3 3 3 3; Llama 3 405B's 126 on 16: fourteen of 8, two of 7). The first stages
+take the extra layers because the last one already carries the head and the loss. An explicit split
+(strategy.stage_layers, one count per stage, e.g. [3, 4, 4, 4, 4, 4, 4, 1] to leave the head's stage
+lighter) replaces the rule; harness/validate.py checks it adds up. The pieces that are not blocks are
+placed by a fixed rule:
 
     stage 0            : tok_emb + pos_emb (+ dropout) + its blocks     input: token ids (B, T)
     stage 1 .. S-2     : its blocks                                     input: hidden states (B, T, h)
@@ -18,6 +22,7 @@ harness/catalog.py); this module only says what each stage index holds.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 
@@ -29,11 +34,21 @@ class StageSplit:
     head: bool  # ln_f + head live here (last stage)
 
 
-def even_split(n_layers: int, num_stages: int) -> list[StageSplit]:
-    """Split the layers evenly by count: stage s holds layers [s*L/S, (s+1)*L/S)."""
-    assert n_layers % num_stages == 0, (n_layers, num_stages)  # validate.py refuses this before launch
-    per = n_layers // num_stages
-    return [StageSplit(index=s, layers=tuple(range(s * per, (s + 1) * per)), embeddings=s == 0,
+@functools.lru_cache(maxsize=4096)  # the planner asks for the same few splits thousands of times
+def stage_layer_counts(n_layers: int, num_stages: int, explicit: tuple = ()) -> tuple[int, ...]:
+    """Blocks per stage: the explicit split where given, else the rule of the module docstring."""
+    if explicit:
+        assert len(explicit) == num_stages and sum(explicit) == n_layers, (explicit, num_stages, n_layers)
+        return tuple(int(c) for c in explicit)
+    per, extra = divmod(n_layers, num_stages)
+    return tuple(per + (s < extra) for s in range(num_stages))
+
+
+def stage_splits(n_layers: int, num_stages: int, explicit: tuple = ()) -> list[StageSplit]:
+    """Stage s holds the contiguous blocks after those of stages 0..s-1 (stage_layer_counts)."""
+    counts = stage_layer_counts(n_layers, num_stages, explicit)
+    starts = [sum(counts[:s]) for s in range(num_stages)]
+    return [StageSplit(index=s, layers=tuple(range(starts[s], starts[s] + counts[s])), embeddings=s == 0,
                        head=s == num_stages - 1) for s in range(num_stages)]
 
 

@@ -58,12 +58,14 @@ def test_heads_not_divisible_by_tp(tmp_path):
         validate(run)
 
 
-def test_layers_not_divisible_by_pp_vpp(tmp_path):
-    run = to_run_config(compose_config(["strategy=pp", "model.n_layers=10"], tmp_path))
+def test_fewer_layers_than_stages(tmp_path):
+    run = to_run_config(compose_config(["strategy=pp", "model.n_layers=3"], tmp_path))
     run.strategy.schedule = "interleaved_1f1b"
     run.parallel.pp, run.parallel.vpp = 2, 2
-    with pytest.raises(ConfigError, match=r"n_layers 10 not divisible by pp\*vpp 4"):
+    with pytest.raises(ConfigError, match=r"n_layers 3 < pp\*vpp 4"):
         validate(run)
+    run.model.n_layers = 10  # 10 on 4 stages: 3 3 2 2 (models/pipeline_split.py)
+    validate(run)
 
 
 def test_batch_not_divisible(tmp_path):

@@ -170,7 +170,7 @@ def pp_config(tmp_path_factory):
 
 @pytest.mark.parametrize("edits, message", [
     ({"parallel.vpp": 3, "strategy.schedule": "interleaved_1f1b"},
-     r"n_layers 4 not divisible by pp\*vpp 6 \(pp 2 \* vpp 3\)"),
+     r"n_layers 4 < pp\*vpp 6 \(pp 2 \* vpp 3\): a stage would hold no block"),
     ({"strategy.schedule": "1f1b", "workload.global_batch_size": 2},
      r"1f1b needs num_microbatches >= stages: num_microbatches 1 = global_batch_size 2 / "
      r"\(dp 1 \* micro_batch_size 2\) < pp 2"),

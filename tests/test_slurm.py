@@ -226,6 +226,32 @@ def test_scancel_becomes_failed_record(slurm_cluster, results):
     assert not _processes_with(str(hung)), "ranks of the cancelled job are still running"
 
 
+def test_calibrate_fabric_across_two_nodes_writes_a_fabric_profile(slurm_cluster, tmp_path):
+    """`python -m harness.calibrate --fabric` in a 2-node allocation: gloo across bn1 and bn2 (srun, one
+    rank a node), the profile written, composed beside a node profile and priced from."""
+    import yaml
+
+    from harness.costmodel.fabric import Fabric
+
+    out = tmp_path / "fabric" / "local_2n.yaml"
+    p = subprocess.run(["salloc", "-N", "2", "--ntasks-per-node=1", "--time=10", sys.executable, "-m",
+                        "harness.calibrate", "--fabric", "--quick", "--output", str(out)],
+                       cwd=REPO, capture_output=True, text=True, env=slurm_cluster.env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = yaml.safe_load(out.read_text())
+    assert doc["latency_nodes"] == 2 and doc["latency_gpus_per_node"] == 1 and doc["transport"] == "gloo"
+    assert "SLURM job" in doc["source"]["calibrate"] and "bn[1-2]" in doc["source"]["calibrate"]
+    assert set(doc["curves"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    for runs in doc["curves"].values():
+        assert [(r["nodes"], r["gpus_per_node"]) for r in runs] == [(2, 1)]
+        assert [b for b, _ in runs[0]["busbw_GBps"]] == [4096, 262144, 2**20]  # --quick's sizes
+        assert all(bw > 0 for _, bw in runs[0]["busbw_GBps"])
+    fabric = Fabric.of(doc)
+    # a measured point is priced as measured: 1 MiB all-reduce over 2 ranks on 2 nodes
+    bw = dict(doc["curves"]["all_reduce"][0]["busbw_GBps"])[2**20]
+    assert fabric.call_s("all_reduce", 2, 1, 2**20) == pytest.approx(2**20 / (bw * 1e9), rel=1e-6)
+
+
 def test_cluster_stops_cleanly(slurm_cluster):
     """Last in this file: stop kills exactly the recorded daemons, and a second stop is a no-op."""
     stopped = _script("stop", env=slurm_cluster.env)

@@ -44,11 +44,12 @@ IN_STEP = {c: f"{c}_in_step" for c in ("all_reduce", "all_gather", "reduce_scatt
 
 class Link:
     """One (α, bus bandwidth) pair: latency in seconds, bandwidth in bytes/s; and, where calibrate
-    timed this collective per message size, those times ((log bytes, seconds) sorted)."""
-    __slots__ = ("alpha_s", "bw_Bps", "measured")
+    timed this collective per message size, those times ((log bytes, seconds) sorted); across a fabric
+    with measured curves, (fabric, collective, ranks per node): its calls priced by fabric.py."""
+    __slots__ = ("alpha_s", "bw_Bps", "measured", "fabric")
 
-    def __init__(self, alpha_s: float, bw_Bps: float, measured: tuple = ()):
-        self.alpha_s, self.bw_Bps, self.measured = alpha_s, bw_Bps, measured
+    def __init__(self, alpha_s: float, bw_Bps: float, measured: tuple = (), fabric: tuple = ()):
+        self.alpha_s, self.bw_Bps, self.measured, self.fabric = alpha_s, bw_Bps, measured, fabric
 
 
 class Hops(NamedTuple):
@@ -68,23 +69,30 @@ def spanning_latency_s(hw, collective: str, n: int, g: int) -> float:
     within the nodes and 2 floor(log2 N) levels between them, and NCCL takes the quicker. On top of
     the profile's per-call start-up (inter_node.latency_us). Other collectives, and profiles without
     hop latencies, pay the start-up alone."""
-    h, base = hw.hops, hw.inter.alpha_s
+    return hw.inter.alpha_s + hop_latency_s(hw.hops, collective, n, g)
+
+
+def hop_latency_s(h: Hops, collective: str, n: int, g: int) -> float:
+    """The ring steps' or tree levels' part of spanning_latency_s (0 for other collectives)."""
     nodes = -(-n // g)
     steps = {"all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "all_reduce": 2}.get(collective)
     if steps is None or not (h.ring_intra or h.ring_inter):
-        return base
-    ring = base + steps * ((n - nodes) * h.ring_intra + (nodes - 1) * h.ring_inter)
+        return 0.0
+    ring = steps * ((n - nodes) * h.ring_intra + (nodes - 1) * h.ring_inter)
     if collective != "all_reduce" or not (h.tree_intra or h.tree_inter):
         return ring
-    tree = base + 2 * ((g - 1) * h.tree_intra + int(math.log2(nodes)) * h.tree_inter)
-    return min(ring, tree)
+    return min(ring, 2 * ((g - 1) * h.tree_intra + int(math.log2(nodes)) * h.tree_inter))
 
 
 def call_s(link: Link, collective: str, n: int, msg_bytes: float) -> float:
     """Seconds of one collective on a message of msg_bytes. Within the sizes calibrate timed, its
     measured times interpolated in log size: the α-β fit is a least-squares line through them and on
     gloo misses the middle (cpu_reference: all_reduce of 256 KiB at 2 ranks measured 2.31 ms, the fit
-    says 0.74 ms), where a tensor-parallel activation's all-reduce falls. Outside them, the fit."""
+    says 0.74 ms), where a tensor-parallel activation's all-reduce falls. Outside them, the fit. Across
+    a fabric profile: its measured curve at this placement (harness/costmodel/fabric.py)."""
+    if link.fabric:
+        fabric, _, g = link.fabric
+        return fabric.call_s(collective, n, g, msg_bytes)
     pts = link.measured
     if pts and pts[0][0] <= math.log(max(msg_bytes, 1.0)) <= pts[-1][0]:
         x = math.log(max(msg_bytes, 1.0))
@@ -102,8 +110,9 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     on each node drives min(g, NICs) of them at once: its bus bandwidth is that many times one NIC's
     (inter_node.bus_bw_GBps), up to the intra-node link's (NCCL src/graph/tuning.cc: ring bus bandwidth
     = channels x per-channel speed; docs/published.md#nics), and its latency grows with the ranks and nodes
-    the ring or tree passes (spanning_latency_s)."""
-    if n * stride <= ranks_per_node:
+    the ring or tree passes (spanning_latency_s). A profile with a named fabric (hardware.fabric) prices
+    every call across nodes on that fabric's measured curves instead (harness/costmodel/fabric.py)."""
+    if not crosses_nodes(n, stride, ranks_per_node):
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:
             timed = table[min(table, key=lambda k: (abs(k - n), -k))]
@@ -112,9 +121,16 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
             return time_shared(timed[among], share / core_sharing(hw, among))
         return hw.intra
     g = max(1, min(n, ranks_per_node // max(1, stride)))
+    if hw.fabric is not None:
+        return hw.fabric.link(collective, n, g)
     nics = min(g, hw.nics_per_node)
     return Link(spanning_latency_s(hw, collective, n, g),
                 min(hw.intra.bw_Bps, nics * hw.inter.bw_Bps) if nics > 1 else hw.inter.bw_Bps)
+
+
+def crosses_nodes(n: int, stride: int, ranks_per_node: int) -> bool:
+    """Whether a group of n ranks `stride` apart in rank order spans more than one node."""
+    return n * stride > ranks_per_node
 
 
 def core_sharing(hw, ranks: float) -> float:
@@ -137,7 +153,7 @@ def time_shared(link: Link, f: float) -> Link:
     ones 0.5-1.5x (waiting, not computing, one pair's core serves the other). f = 1 on a GPU profile."""
     if f <= 1.0:
         return link
-    return Link(link.alpha_s * f, link.bw_Bps / f, tuple((x, t * f) for x, t in link.measured))
+    return Link(link.alpha_s * f, link.bw_Bps / f, tuple((x, t * f) for x, t in link.measured), link.fabric)
 
 
 def time_s(link: Link, collective: str, n: int, size_bytes: float, calls: float) -> float:

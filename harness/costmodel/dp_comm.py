@@ -60,6 +60,7 @@ class DpCollective:
     units: int  # FSDP units / DeepSpeed gather groups: one per block + the root
     factor: float  # nccl-tests bus factor of the collective over the group (comm.FACTOR)
     prefetch_fraction: float = 1.0  # of one unit's gather that can be in flight ahead of its compute
+    link: comm.Link | None = None  # across a named fabric: each call priced at its own size (comm.call_s)
 
 
 def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes: float | None = None,
@@ -144,5 +145,5 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
                      if st.ds_buckets and op.mechanism == "prefetch" else 1.0)
             once = gb if op.collective in ("reduce_scatter", "all_reduce") else pb  # one pass over the units
             out.append(DpCollective(op, n, link.alpha_s, link.bw_Bps, bucket if bucketed else 0.0, once, units,
-                                    comm.FACTOR[op.collective](n), ahead))
+                                    comm.FACTOR[op.collective](n), ahead, link if link.fabric else None))
     return out

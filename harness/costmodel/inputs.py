@@ -7,6 +7,7 @@ import math
 
 from harness.costmodel import comm
 from harness.costmodel.compute import GemmCurve
+from harness.costmodel.fabric import Fabric
 from harness.costmodel import memory as mem
 from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
                                      layer_forward_flops_per_token, selective_op_recompute_flops_per_token)
@@ -39,7 +40,7 @@ class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "tensor_peak", "clock_scale", "intra", "inter", "nics_per_node", "hops",
                  "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "attention_backward_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
-                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2")
+                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2", "fabric")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -63,6 +64,9 @@ class Hardware:
         self.hops = comm.Hops(*(float(getattr(link, key, None) or 0.0) * 1e-6
                                 for key in ("ring_hop_latency_us", "tree_hop_latency_us")
                                 for link in (hw.intra_node, hw.inter_node)))
+        # the named fabric (conf/hardware/fabric/): prices every collective across nodes (fabric.py); absent:
+        # the inter_node link above
+        self.fabric = Fabric.of(getattr(hw, "fabric", None), self.hops)
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = _collective_table(hw.collectives or {})
         self.gemm = {k: GemmCurve.of(v, self.clock_scale) for k, v in dict(compute.get("gemm") or {}).items()}
@@ -142,7 +146,7 @@ class Strategy:
     __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
                  "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
                  "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
-                 "low_precision_params", "state_knobs")
+                 "low_precision_params", "state_knobs", "stage_layers")
 
     @classmethod
     def of(cls, s) -> "Strategy":
@@ -151,6 +155,7 @@ class Strategy:
         self.zero1_impl = getattr(s, "zero1_impl", "torch_zero")
         self.family = mem.family(s)
         self.schedule = s.schedule
+        self.stage_layers = tuple(getattr(s, "stage_layers", None) or ())  # explicit pipeline split (models/pipeline_split.py)
         self.sp = bool(s.sequence_parallel)
         self.reshard_after_forward = bool(s.reshard_after_forward)
         self.fsdp_accumulate = getattr(s, "fsdp_accumulate", "unsharded")

@@ -19,6 +19,7 @@ from harness.costmodel.dp_comm import dp_collectives
 from harness.costmodel import memory as mem
 from harness.costmodel import traffic
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
+from models.pipeline_split import stage_layer_counts
 from harness.costmodel.params import (block_numel, block_tensors, norm_tensors, numel, option, rank_inventory,
                                       tp_block_collectives)
 
@@ -52,6 +53,7 @@ class PipelineRank:
     layers: int
     first: bool  # holds the embeddings
     last: bool  # holds ln_f, the head and the loss
+    weight: int = 1  # pp ranks this one stands for (pipeline_ranks: the ranks holding the same kind of stages)
 
 
 @dataclass(slots=True)
@@ -122,6 +124,13 @@ def placement(hw: Hardware, dp: int, tp: int, pp: int, vpp: int, ep: int, nodes:
     return Placement(dp, tp, pp, v, ep, world, pp * v, rpn, *cpu_slowdowns(hw, rpn))
 
 
+def node_crossing_axes(pl: Placement) -> tuple[str, ...]:
+    """The parallel axes whose groups span nodes. Rank order puts tp innermost, then dp (ep within it),
+    then pp (ParallelDims' mesh and axis_links below): tp's stride is 1, dp's and ep's tp, pp's dp x tp."""
+    axes = (("tp", pl.tp, 1), ("ep", pl.ep, pl.tp), ("dp", pl.dp, pl.tp), ("pp", pl.pp, pl.dp * pl.tp))
+    return tuple(name for name, n, stride in axes if n > 1 and comm.crosses_nodes(n, stride, pl.ranks_per_node))
+
+
 def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
     """(GEMM, memory) slowdown of each of `busy_ranks` CPU ranks computing at once on a node: beyond the
     core count they time-share; from 2 ranks on, every core computes at once and each runs at the rate
@@ -132,17 +141,31 @@ def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
 
 
 def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:
-    """Without detail only pp ranks 0, 1 and p-1: the middle ranks hold the same parameters and rank 1
-    has the most micro-batches in flight among them, so every maximum is among these three."""
-    per_stage_layers = md.L // pl.n_stages
-    out = []
-    for r in (range(pl.pp) if detail else sorted({0, min(1, pl.pp - 1), pl.pp - 1})):
+    """Without detail only pp ranks 0, 1 and p-1: with equal stages the middle ranks hold the same
+    parameters and rank 1 has the most micro-batches in flight among them, so every maximum is among
+    these three. With unequal stages (pp * vpp not dividing the layers, or an explicit split) also the
+    first rank of every other kind (its blocks, whether it holds the embeddings or the head): the lowest
+    rank of a kind has the most micro-batches in flight. Each stands for `weight` ranks of its kind."""
+    counts = stage_layer_counts(md.L, pl.n_stages, st.stage_layers)
+    kind, weight = {}, {}
+    if not detail and len(set(counts)) == 1:  # equal stages: the three ranks above, the middle ones like rank 1
+        for r in range(pl.pp) if pl.pp <= 3 else (0, 1, pl.pp - 1):
+            weight[r] = pl.pp - 2 if r == 1 and pl.pp > 3 else 1
+    for r in range(pl.pp) if not weight else ():
         stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
-        groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r)
+        key = (sum(counts[s] for s in stages), 0 in stages, pl.n_stages - 1 in stages)
+        first = r if detail or r <= 1 or r == pl.pp - 1 else kind.setdefault(key, r)
+        kind.setdefault(key, first)
+        weight[first] = weight.get(first, 0) + 1
+    out = []
+    for r in sorted(weight):
+        stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
+        groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r, st.stage_layers)
         states = mem.model_states(st.family, groups, pl.dp, pl.ep, precision, st.state_knobs, detail)
         p, g, o, x = max(states, key=sum)
         out.append(PipelineRank(r, stages, groups, numel(groups), states, p, g, o, x, p + g + o + x,
-                                per_stage_layers * len(stages), 0 in stages, pl.n_stages - 1 in stages))
+                                sum(counts[s] for s in stages), 0 in stages,
+                                pl.n_stages - 1 in stages, weight[r]))
     return out
 
 

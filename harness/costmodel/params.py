@@ -32,6 +32,7 @@ import functools
 from functools import lru_cache
 
 from harness import catalog
+from models.pipeline_split import stage_layer_counts
 from models.tp_plan import PLAN, SHARDED_DIM, role_of
 
 ROW_PARALLEL = ("o", "fc2", "down")  # their bias is replicated; a column-parallel bias is split
@@ -160,16 +161,16 @@ def block_numel(shape: tuple, tp: int = 1) -> int:
 
 
 @lru_cache(maxsize=4096)
-def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: str, pp_rank: int) -> tuple:
+def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: str, pp_rank: int,
+                   stage_layers: tuple = ()) -> tuple:
     """Local parameter groups of one pp rank (the same on every tp and dp rank of that stage).
 
-    shape = model_shape(model config)."""
+    shape = model_shape(model config); stage_layers: an explicit split (models/pipeline_split.py)."""
     L, h, _, d_ff, V, s, E, _, _, _, norm, position, tie, _ = shape
     n_stages = pp * vpp
-    per_stage = L // n_stages
     groups: list = []
     stages = catalog.stages_of_rank(schedule, pp_rank, pp, vpp)
-    n_blocks = per_stage * len(stages)
+    n_blocks = rank_layers(L, n_stages, stages, stage_layers)
     if 0 in stages:
         groups += [(1, *_local("tok_emb", (V, h), tp), "dense")]
         if position == "learned":
@@ -183,6 +184,12 @@ def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: 
     for c, d0, r, kind in groups:
         merged[(d0, r, kind)] = merged.get((d0, r, kind), 0) + c
     return tuple((c, d0, r, kind) for (d0, r, kind), c in merged.items())
+
+
+def rank_layers(n_layers: int, n_stages: int, stages: tuple, stage_layers: tuple = ()) -> int:
+    """Blocks a pp rank holds: its stages' counts (models/pipeline_split.py, as the runtime splits)."""
+    counts = stage_layer_counts(n_layers, n_stages, stage_layers)
+    return sum(counts[st] for st in stages)
 
 
 def numel(groups) -> int:

@@ -3,6 +3,7 @@
     python -m harness.costmodel.published                  # every row, then the summaries
     python -m harness.costmodel.published --half held_out  # one half only
     python -m harness.costmodel.published --json           # one JSON object per row
+    python -m harness.costmodel.published --no-fabric      # every row on its profile's inter_node link
     python -m harness.costmodel.published_doc              # regenerate docs/validation.md from it
 
 Reads docs/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
@@ -39,6 +40,8 @@ def load(path: Path = DATA) -> tuple[dict, list[dict]]:
                 row["zero"] = src["zero_of_sharding"][row["sharding"]]
             row.update(source=key, index=i, half=src["half"], hardware=src["hardware"], metric=src["metric"],
                        precision=src["precision"], cite=src["cite"])
+            if "fabric" in src:  # the source's cluster network (conf/hardware/fabric/), stated or `assumed:` there
+                row["fabric"] = src["fabric"]
             if "hardware_overrides" in src:  # the source's cluster where it differs from the profile (its network)
                 row["hardware_overrides"] = dict(src["hardware_overrides"])
             if "memory_metric" in src:  # what the source's memory column measured (published_memory.py)
@@ -107,6 +110,7 @@ def overrides(row: dict, model: dict) -> list[str]:
     tp, pp = row["tp"], row["pp"]
     dp = row["gpus"] // (tp * pp)
     out = [f"hardware={row['hardware']}", *(f"hardware.{k}={v}" for k, v in row.get("hardware_overrides", {}).items()),
+           *([f"hardware/fabric={row['fabric']}"] if row.get("fabric") else []),
            "model=gpt_7b", f"model.name={row['model']}",
            f"model.n_layers={model['n_layers']}", f"model.d_model={model['d_model']}",
            f"model.n_heads={model['n_heads']}", f"model.d_ff={model.get('d_ff', 4 * model['d_model'])}",
@@ -139,7 +143,13 @@ def predict_row(row: dict, model: dict, compose) -> dict:
             "predicted_peak_mem_GiB": pred["peak_mem_bytes"] / 1024**3,
             "device_memory_GiB": pred["device_memory_bytes"] / 1024**3,
             "fits_in_memory": pred["fits_in_memory"], "predicted_mfu_pct": pred["mfu_pct"],
+            "fabric": row.get("fabric") or "inter_node", "placement": placement_label(row, run),
             **memory_fields(row, pred)}
+
+
+def placement_label(row: dict, run) -> str:
+    """crosses nodes | in node: whether the row's GPUs span more than one node of its hardware."""
+    return "crosses nodes" if row["gpus"] > run.hardware.devices_per_node else "in node"
 
 
 def layout_label(row: dict) -> str:
@@ -187,8 +197,10 @@ def summarise(results: list[dict]) -> dict:
     return {**error_summary(results, "ratio", 0.15), "predicted_oom": sum(not r["fits_in_memory"] for r in results)}
 
 
-def run_all(half: str | None = None, source: str | None = None) -> list[dict]:
+def run_all(half: str | None = None, source: str | None = None, fabrics: bool = True) -> list[dict]:
     models, rows = load()
+    if not fabrics:  # every row on its profile's inter_node link: the comparison without fabric profiles
+        rows = [{**r, "fabric": None} for r in rows]
     compose = caching_compose()
     return [predict_row(r, models[r["model"]], compose) for r in rows
             if (half is None or r["half"] == half) and (source is None or r["source"] == source)]
@@ -203,14 +215,16 @@ def print_report(results: list[dict]) -> None:
               f"{r['predicted_tokens_per_s_per_gpu']:>10.0f} {r['ratio']:>6.2f} "
               f"{r['predicted_peak_mem_GiB']:>5.0f}/{r['device_memory_GiB']:.0f}{oom}")
     print("\nthroughput (tokens/s per GPU), error = predicted / published - 1")
-    print(f"{'group':<20} {'n':>4} {'median|err|%':>13} {'p90|err|%':>10} {'worst%':>8} {'geomean':>8} "
+    print(f"{'group':<28} {'n':>4} {'median|err|%':>13} {'p90|err|%':>10} {'worst%':>8} {'geomean':>8} "
           f"{'<=15%':>6} {'OOM':>4}  worst row")
     groups = [(h, [r for r in results if r["half"] == h]) for h in ("fitting", "held_out")]
     groups += [(s, [r for r in results if r["source"] == s]) for s in dict.fromkeys(r["source"] for r in results)]
+    groups += [(f"{f} {p}", [r for r in results if r["fabric"] == f and r["placement"] == p])
+               for f in dict.fromkeys(r["fabric"] for r in results) for p in ("in node", "crosses nodes")]
     for name, rs in groups:
         if rs:
             s = summarise(rs)
-            print(f"{name:<20} {s['n']:>4} {s['median_abs_err_pct']:>13.1f} {s['p90_abs_err_pct']:>10.1f} "
+            print(f"{name:<28} {s['n']:>4} {s['median_abs_err_pct']:>13.1f} {s['p90_abs_err_pct']:>10.1f} "
                   f"{s['worst_err_pct']:>+8.1f} {s['geomean_ratio']:>8.2f} {s['within_15_pct']:>6} "
                   f"{s['predicted_oom']:>4}  {s['worst']}")
     print_memory(results)
@@ -221,13 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--half", choices=("fitting", "held_out"))
     p.add_argument("--source")
     p.add_argument("--json", action="store_true", help="one JSON object per row, then the summaries")
+    p.add_argument("--no-fabric", action="store_true", help="ignore the sources' fabric: the profile's inter_node link")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    results = run_all(args.half, args.source)
+    results = run_all(args.half, args.source, not args.no_fabric)
     if args.json:
         for r in results:
             print(json.dumps(r))
         print(json.dumps({h: summarise([r for r in results if r["half"] == h])
                           for h in ("fitting", "held_out") if any(r["half"] == h for r in results)}))
+        print(json.dumps({"fabric": {f"{f} {p}": summarise(rs) for f in dict.fromkeys(r["fabric"] for r in results)
+                                     for p in ("in node", "crosses nodes")
+                                     if (rs := [r for r in results if r["fabric"] == f and r["placement"] == p])}}))
         print(json.dumps({"memory": memory_groups(results)}))
     else:
         print_report(results)

@@ -109,19 +109,19 @@ def bubble(lo, ct: ComputeTime, m: int) -> tuple[float, float]:
     """(bubble seconds of the slowest rank, bubble_pct as measured: mean over ranks of idle / pipeline time).
     With unequal stages (on model=small the last stage's head makes it 1.6x the first) the slowest rank
     idles while the others fill and drain, bubble_units x the others' mean time, and the faster ranks
-    idle longer. lo.ranks holds pp ranks 0, 1, p-1 (the middle ranks equal rank 1). Equal stages:
+    idle longer. lo.ranks holds one pp rank per kind of stage, each standing for `weight` ranks
+    (layout.pipeline_ranks: ranks 0, 1, p-1 with equal stages, the middle ones like rank 1). Equal stages:
     idle_mean_s = bubble_s and this is the formula's (p-1)/(v m + p-1)."""
     pl, t_mb = lo.place, ct.microbatch_s
     units = pipe.bubble_units(lo.strategy.schedule, pl.pp, pl.vpp, m)
     if pl.pp <= 1:
         return 0.0, 0.0
-    t = ct.per_rank_s
-    t_all = [t[0], *[t[min(1, pl.pp - 1)]] * (pl.pp - 2), t[pl.pp - 1]]
-    others = (sum(t_all) - t_mb) / (pl.pp - 1)
+    t_sum = sum(ct.per_rank_s[r.pp_rank] * r.weight for r in lo.ranks)  # over all pp ranks
+    others = (t_sum - t_mb) / (pl.pp - 1)
     if ct.pipe_s:  # CPU pipelines: the warped timeline of the stages' own costs (compute_time)
         return ct.pipe_s - m * t_mb * ct.busy_warp, 100 * ct.idle_mean_s / ct.pipe_s
     pipe_s = m * t_mb + units * others / pl.vpp
-    idle_mean_s = pipe_s - m * sum(t_all) / len(t_all)
+    idle_mean_s = pipe_s - m * t_sum / pl.pp
     return units / pl.vpp * t_mb, 100 * idle_mean_s / pipe_s
 
 
@@ -132,7 +132,8 @@ def dp_comm(lo, ct: ComputeTime, m: int) -> AxisComm:
         size = c.op.bytes_once + c.op.bytes_per_microbatch * m
         calls = (max(1, math.ceil(size / c.bucket_bytes)) if c.bucket_bytes
                  else max(1, round(size / max(c.unit_bytes, 1))) * c.units)
-        t = calls * c.alpha_s + size * c.factor / c.bus_bw_Bps
+        t = (calls * comm.call_s(c.link, c.op.collective, c.group, size / calls) if c.link is not None
+             else calls * c.alpha_s + size * c.factor / c.bus_bw_Bps)
         volume += c.factor * size
         total += t
         exposed += _exposed(lo, c, t, calls, t_mb, m, ct.compute_s)
@@ -191,5 +192,6 @@ def ep_comm(lo, mb: int, m: int) -> AxisComm:
     calls = 4 * lo.links.ep_layers * m  # dispatch and combine, forward and backward
     size = calls * mb * md.s * md.k * md.h * 4
     factor = comm.FACTOR["all_to_all"](lo.place.ep)
-    t = calls * link.alpha_s + factor * size / link.bw_Bps
+    t = (calls * comm.call_s(link, "all_to_all", lo.place.ep, size / calls) if link.fabric
+         else calls * link.alpha_s + factor * size / link.bw_Bps)
     return AxisComm(factor * size, t, t)

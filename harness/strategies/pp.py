@@ -38,7 +38,7 @@ from harness import catalog
 from harness.strategies.base import Strategy
 from harness.validate import num_microbatches
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
-from models.pipeline_split import even_split, stage_module
+from models.pipeline_split import stage_module, stage_splits
 
 # schedule name -> torch class; what each schedule is (placement, vpp rule, loss rank) is in harness/catalog.py
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B,
@@ -67,7 +67,7 @@ class PipelineStrategy(Strategy):
         s, d = self.run.strategy, self.dims
         self.num_microbatches = num_microbatches(self.run, d)  # m = global / (dp * micro)
         pp_rank = d.coords(dist.get_rank())["pp"]
-        splits = even_split(self.run.model.n_layers, d.num_stages)
+        splits = stage_splits(self.run.model.n_layers, d.num_stages, tuple(s.stage_layers))
         self.stage_ids = list(catalog.stages_of_rank(s.schedule, pp_rank, d.pp, d.vpp))
         modules = [self.parallelize_stage(stage_module(model, splits[i])) for i in self.stage_ids]
         del model  # each stage module is a pruned copy; the worker's full model is not used again

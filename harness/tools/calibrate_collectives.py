@@ -135,9 +135,11 @@ class _Progress:
             Path(self.path).write_text(f"{self.done} {self.total}")
 
 
-def _time_team(team: Team, sizes: list[int], budget_s: float, torch, device, progress: _Progress) -> dict:
+def _time_team(team: Team, sizes: list[int], budget_s: float, torch, device, progress: _Progress,
+               in_step: bool = True) -> dict:
     """Every collective at every size over the rank's team, every team at once: {name: [row per size]}.
-    Counts and the reported time are agreed over the whole world (every rank takes part in each step)."""
+    Counts and the reported time are agreed over the whole world (every rank takes part in each step).
+    in_step: also IN_STEP on a CPU (not across nodes: harness/tools/calibrate_fabric.py)."""
     import torch.distributed as dist
 
     from harness.tools.device_timing import sync
@@ -163,7 +165,7 @@ def _time_team(team: Team, sizes: list[int], budget_s: float, torch, device, pro
             t = _slowest(statistics.median(times), torch, device)
             results.setdefault(coll, []).append({"bytes": nbytes, "time_s": t, "iters": iters})
             progress.step()
-    if device.type == "cpu":
+    if device.type == "cpu" and in_step:
         for coll, name in IN_STEP.items():
             results[name] = []
             for size in sizes:

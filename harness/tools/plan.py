@@ -9,7 +9,8 @@ replica count R for FSDP2 layouts (dp = R x shard group), bf16 parameters for th
 under bf16-mixed, micro-batch size, checkpointing) with
 dp*tp*pp = plan.gpus that brigade can run: the global batch is the workload's
 (workload.global_batch_size sequences), so the micro-batch count is m = global / (dp * micro-batch);
-degrees must divide heads, d_ff, layers and experts as harness/validate.py requires; each layout maps
+degrees must divide heads, d_ff and experts as harness/validate.py requires (pp * vpp need not divide the
+layers: models/pipeline_split.py splits them as evenly as they allow); each layout maps
 to an existing strategy (harness/catalog.py strategy_for). Each candidate is evaluated by the same functions
 `harness.tools.predict` uses (harness.costmodel: `layout` once per parallel layout, then for every micro-batch size and
 checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima only), the rest are
@@ -36,6 +37,7 @@ from dataclasses import replace
 
 from harness import catalog
 from harness.dims import DEGREES
+from harness.tools.plan_reasons import network, why
 from harness.tools.plan_space import (divisors, hsdp_prediction, hsdp_replicas, with_low_precision_params,
                                       with_sequence_parallel)
 
@@ -60,13 +62,15 @@ def strategy_defaults(name: str) -> dict:
 
 class Candidate:
     __slots__ = ("dp", "tp", "pp", "vpp", "ep", "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred",
-                 "dp_replicate")
+                 "dp_replicate", "crosses")
 
-    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred, dp_replicate=1):
+    def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred, dp_replicate=1,
+                 crosses=()):
         self.dp, self.tp, self.pp, self.vpp, self.ep, self.zero = dp, tp, pp, vpp, ep, zero
         self.mb, self.m, self.ckpt, self.schedule, self.strategy, self.knobs, self.pred = (
             mb, m, ckpt, schedule, strategy, knobs, pred)
         self.dp_replicate = dp_replicate  # HSDP: FSDP over dp / dp_replicate ranks, replicated dp_replicate times
+        self.crosses = crosses  # the axes whose groups span nodes (layout.node_crossing_axes)
 
     def overrides(self) -> list[str]:
         out = [f"strategy={self.strategy}"]
@@ -84,7 +88,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
     from harness.costmodel.estimate import finish
     from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
-    from harness.costmodel.layout import layout
+    from harness.costmodel.layout import layout, node_crossing_axes
     from harness.costmodel.memory_peak import memory_peak
     from harness.validate import available_strategies
 
@@ -110,7 +114,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
         if heads % tp or d_ff % tp:
             continue
         for pp in divisors(gpus // tp):
-            if L % pp:
+            if L < pp:  # every stage holds a block; an uneven split is models/pipeline_split.py's rule
                 continue
             dp = gpus // (tp * pp)
             schedules = SCHEDULES_VPP if pp > 1 else ((catalog.DEFAULT_SCHEDULE, (1,)),)
@@ -125,7 +129,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                   for v in with_low_precision_params(sp, precision)):
                         for schedule, vpps in schedules:
                             for vpp in vpps:
-                                if L % (pp * vpp):
+                                if L < pp * vpp:
                                     continue
                                 st = knobs_for(strat[0], knobs, schedule)
                                 # HSDP (FSDP2 only): also shard over dp / R ranks, replicated R times
@@ -140,6 +144,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                         continue  # the schedule refuses this micro-batch count (validate.py)
                                     if lo is None:  # what micro-batching and checkpointing do not change, once
                                         lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
+                                        crosses = node_crossing_axes(lo.place)
                                         shards = {r: layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes)
                                                   for r in reps}
                                     for ckpt in CHECKPOINTING:
@@ -155,35 +160,9 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                                 pred = hsdp_prediction(pred, finish(lo_states, mb, m, ckpt, peak), lo, st,
                                                                        run, hw, mb, m, ckpt, rep)
                                             feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
-                                                                      strat[0], knobs, pred, rep))
+                                                                      strat[0], knobs, pred, rep, crosses))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
     return feasible, {"evaluated": evaluated, "oom": oom, "seconds": time.perf_counter() - t0}
-
-
-def why(c: Candidate, nxt: Candidate | None, mem_bytes: float) -> str:
-    """What this layout spends its step on, its headroom, and what separates it from the next one."""
-    p = c.pred
-    head = (mem_bytes - p["peak_mem_bytes"]) / 1024**3
-    slowed = 100 * p["comm_interference_time_s"] / p["step_time_s"]  # compute under collectives
-    text = (f"η {100 * p['efficiency']:.0f}%: exposed comm {p['comm_exposed_pct']:.1f}%, "
-            + (f"compute slowed under comm {slowed:.1f}%, " if slowed >= 0.05 else "")
-            + f"bubble {p['bubble_pct']:.1f}%, {head:.1f} GiB free")
-    if nxt is None:
-        return text
-    q = nxt.pred
-    gain = 100 * (p["tokens_per_s"] / q["tokens_per_s"] - 1)
-    if c.ckpt != nxt.ckpt:  # what makes the compute differ: recompute, else the GEMMs' shapes
-        compute = f"less compute ({c.ckpt} vs {nxt.ckpt} checkpointing)"
-    else:
-        compute = f"less compute (GEMMs at tp {c.tp} mb {c.mb} vs tp {nxt.tp} mb {nxt.mb})"
-    diffs = {"less exposed comm": q["comm_exposed_time_s"] - p["comm_exposed_time_s"],
-             "less comm under compute": q["comm_interference_time_s"] - p["comm_interference_time_s"],
-             "smaller bubble": q["bubble_time_s"] - p["bubble_time_s"],
-             compute: q["compute_time_s"] - p["compute_time_s"]}
-    reason, delta = max(diffs.items(), key=lambda kv: kv[1])
-    if gain < 0.05 or delta <= 0:
-        return text + "; tie with the next"
-    return text + f"; +{gain:.1f}% over next: {reason}"
 
 
 def table(cands: list[Candidate], k: int, run, counts: dict):
@@ -197,9 +176,9 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     t = Table(title=f"{run.model.name} on {counts['gpus']} x {hw.name}, global batch {run.workload.global_batch_size} "
                     f"x {run.model.seq_len} tokens, {run.workload.precision}: top {min(k, len(cands))} by predicted "
-                    f"tokens/s", title_justify="left", header_style="bold")
+                    f"tokens/s\n{network(run)}", title_justify="left", header_style="bold")
     for col in ("#", "strategy", "dp", "tp", "pp", "vpp", "ep", "ZeRO", "mb", "m", "ckpt", "step s", "tokens/s",
-                "MFU %", "mem GiB", "why"):
+                "MFU %", "mem GiB", "across nodes", "why"):
         t.add_column(col, justify="left" if col in ("strategy", "ckpt", "why") else "right")
     for i, c in enumerate(cands[:k]):
         p = c.pred
@@ -211,7 +190,7 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
         t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp, str(c.dp), str(c.tp), str(c.pp),
                   str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
-                  why(c, nxt, gib * 1024**3))
+                  ", ".join(c.crosses) or "none", why(c, nxt, gib * 1024**3))
     return t
 
 

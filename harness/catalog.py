@@ -36,7 +36,7 @@ ENGINES = ("torch", "deepspeed")
 # Element size of the low-precision copies (activations, bf16/fp16 params and grads) per precision;
 # fp32 master weights and AdamW state stay 4 bytes whatever the precision.
 # workload.activation_checkpointing: none | selective (attention core) | full (each block) | selective_op
-# (torchtitan's op policy, models/checkpointing.py); validate accepts these, the cost model prices each
+# (torchtitan's op policy, models/gpt.py); validate accepts these, the cost model prices each
 CHECKPOINTING = ("none", "selective", "full", "selective_op")
 PRECISION_BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}
 # model.attention (models/gpt.py): sdpa = a fused kernel, scores never stored; eager = scores

@@ -85,7 +85,7 @@ class StrategyConfig:
     sequence_parallel: bool = False
     loss_parallel: bool = True
     # Megatron-Core's overlaps, priced by the cost model only: brigade's runtime has none of them, so a run
-    # that sets one is refused at launch (harness/validate_layouts.py); the published set predicts with them
+    # that sets one is refused at launch (harness/validate.py); the published set predicts with them
     tp_comm_overlap: bool = False  # TP collectives pipelined with the GEMMs (--tp-comm-overlap; needs sequence_parallel)
     overlap_grad_reduce: bool = False  # distributed optimizer: reduce-scatter in buckets during the last backward
     overlap_param_gather: bool = False  # distributed optimizer: all-gather in buckets during the next forward
@@ -118,12 +118,12 @@ class WorkloadConfig:
     micro_batch_size: int = 2  # sequences per forward/backward on one rank
     num_microbatches: Optional[int] = None  # per rank per step; None = global / (dp * micro)
     precision: str = "fp32"  # fp32 | bf16-mixed | fp16-mixed
-    activation_checkpointing: str = "none"  # none | selective (attention core) | full (whole block) | selective_op (models/checkpointing.py)
+    activation_checkpointing: str = "none"  # none | selective (attention core) | full (whole block) | selective_op (models/gpt.py)
     warmup_steps: int = 3  # excluded from every statistic
     steps: int = 10  # timed steps (statistics need at least 10)
     profile_steps: int = 2  # profiled steps, after and apart from the timed ones (0 = none)
     compile: bool = False  # torch.compile the trained model (nn.Module.compile, after the strategy's setup)
-    seed: int = 1234  # seeds the model's initialisation and the synthetic data (harness/worker/data.py)
+    seed: int = 1234  # seeds the model's initialisation and the synthetic data (harness/worker/loop.py)
     lr: float = 1e-3  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW weight decay
 

@@ -80,7 +80,7 @@ def simulate_rank(run, dims, rank: int) -> dict:
     from harness import strategies
     from harness.validate import num_microbatches
     from harness.worker import measure
-    from harness.worker.data import local_microbatches
+    from harness.worker.loop import local_microbatches
     from models.gpt import build_model
 
     t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""Op-level selective checkpointing (`workload.activation_checkpointing=selective_op`, models/checkpointing.py):
+"""Op-level selective checkpointing (`workload.activation_checkpointing=selective_op`, models/gpt.py):
 the same gradients as no checkpointing, what it keeps against the cost model's count (dry run, one
 process), its FLOPs between none and full, and the configs it refuses."""
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_selective_op_gives_the_gradients_of_no_checkpointing():
 def test_selective_op_policy_keeps_every_other_matmul_and_the_attention_kernel():
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from models.checkpointing import SAVED_ATTENTION, _policy
+    from models.gpt import SAVED_ATTENTION, _policy
 
     class Ctx:
         is_recompute = False

@@ -96,7 +96,7 @@ def test_bad_llama_options_are_refused_with_the_arithmetic(overrides, message):
 
 def test_meta_build_allocates_nothing_and_materialize_matches_the_eager_build():
     from models.gpt import build_model
-    from models.init import materialize
+    from models.gpt import materialize
 
     m = model_cfg("model=llama_tiny", "model.tie_embeddings=true")
     meta = build_model(m, device="meta")
@@ -119,7 +119,7 @@ def _rank_shards(run, rank: int) -> list[tuple[str, tuple, torch.Tensor]]:
 
     from harness import strategies
     from models.gpt import build_model
-    from models.init import _local_view
+    from models.gpt import _local_view
 
     dims = validate(run)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)

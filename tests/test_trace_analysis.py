@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.collect import comm_names as names
-from harness.collect import intervals as iv
+from harness.collect import compute_classes
 from harness.collect import trace_analysis as ta
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "traces"
@@ -26,20 +25,20 @@ def analyse(name: str, rank: int) -> dict:
 
 
 def test_interval_algebra():
-    u = iv.union([(5, 7), (0, 2), (1, 3), (6, 9), (10, 10)])
-    assert u == [(0, 3), (5, 9)] and iv.length(u) == 7
-    assert iv.intersect(u, [(2, 6)]) == [(2, 3), (5, 6)]
-    assert iv.subtract(u, [(2, 6)]) == [(0, 2), (6, 9)]
+    u = compute_classes.union([(5, 7), (0, 2), (1, 3), (6, 9), (10, 10)])
+    assert u == [(0, 3), (5, 9)] and compute_classes.length(u) == 7
+    assert compute_classes.intersect(u, [(2, 6)]) == [(2, 3), (5, 6)]
+    assert compute_classes.subtract(u, [(2, 6)]) == [(0, 2), (6, 9)]
 
 
 def test_bus_bytes_follow_nccl_tests_factors():
-    assert names.bus_bytes("all_reduce", 100, 100, 4) == 150  # 2(n-1)/n
-    assert names.bus_bytes("all_gather", 25, 100, 4) == 75  # (n-1)/n of the gathered output
-    assert names.bus_bytes("reduce_scatter", 100, 25, 4) == 75  # (n-1)/n of the input
-    assert names.bus_bytes("send", 100, 100, 2) == 100 and names.bus_bytes("recv", 100, 100, 2) == 0
-    assert names.collective_name("gloo:all_reduce") == "all_reduce"
-    assert names.collective_name("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "reduce_scatter"
-    assert names.logical_name("c10d::_reduce_scatter_base_") == "reduce_scatter"
+    assert ta.bus_bytes("all_reduce", 100, 100, 4) == 150  # 2(n-1)/n
+    assert ta.bus_bytes("all_gather", 25, 100, 4) == 75  # (n-1)/n of the gathered output
+    assert ta.bus_bytes("reduce_scatter", 100, 25, 4) == 75  # (n-1)/n of the input
+    assert ta.bus_bytes("send", 100, 100, 2) == 100 and ta.bus_bytes("recv", 100, 100, 2) == 0
+    assert ta.collective_name("gloo:all_reduce") == "all_reduce"
+    assert ta.collective_name("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "reduce_scatter"
+    assert ta.logical_name("c10d::_reduce_scatter_base_") == "reduce_scatter"
 
 
 @pytest.mark.parametrize("rank", [0, 1])

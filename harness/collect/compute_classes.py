@@ -27,8 +27,38 @@ from __future__ import annotations
 
 import re
 
-from harness import op_kinds
-from harness.collect.intervals import intersect, length, subtract, union
+# -- op kinds --------------------------------------------------------------------------------------
+# Which aten operators are GEMMs, fused attention or views: the kinds the cost model charges each its
+# own way (harness/costmodel/compute.py). Pure (no torch): harness/tools/op_profile.py sorts dispatched
+# operators by it, harness/collect/compute_classes.py a profiled trace's operators.
+
+GEMM = frozenset({"mm", "addmm", "bmm"})
+ATTENTION_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
+ATTENTION_BACKWARD = ATTENTION_FORWARD + "_backward"
+# the fused kernels SDPA picks on a GPU (FlashAttention, memory-efficient, cuDNN), and the CPU's; on a
+# GPU the first two launch their kernels from an inner aten op (_flash_attention_forward, ...), which
+# torch.profiler, unlike this dispatch mode, sees apart (harness/tools/calibrate_gpu.py adds up both)
+_SDPA = (ATTENTION_FORWARD, "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+         "_scaled_dot_product_cudnn_attention")
+ATTENTION_FORWARD_OPS = frozenset(_SDPA + ("_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace",
+                                           "_efficient_attention_forward"))
+ATTENTION_BACKWARD_OPS = frozenset(tuple(f"{name}_backward" for name in _SDPA)
+                                   + ("_flash_attention_backward", "_efficient_attention_backward"))
+ATTENTION = ATTENTION_FORWARD_OPS | ATTENTION_BACKWARD_OPS
+VIEWS = frozenset({"view", "_unsafe_view", "expand", "as_strided", "transpose", "permute", "unsqueeze", "slice",
+                   "select", "t", "detach", "alias", "split", "split_with_sizes", "squeeze", "unbind", "reshape"})
+KINDS = ("gemm", "attention", "view", "elementwise")
+
+
+def kind_of(name: str) -> str:
+    if name in GEMM:
+        return "gemm"
+    if name in ATTENTION:
+        return "attention"
+    return "view" if name in VIEWS else "elementwise"
+
+
+# -- compute classes -------------------------------------------------------------------------------
 
 CLASSES = ("attention", "gemm", "optimizer", "elementwise")
 KEYS = tuple(f"compute_{c}_time_s" for c in CLASSES)
@@ -40,9 +70,9 @@ _GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce
                           re.IGNORECASE)
 # CPU: the aten operators op_kinds.py names, and the outer operators and autograd nodes a trace nests
 # them in (aten::linear -> aten::addmm; `evaluate_function: MmBackward0` -> aten::mm)
-_ATTENTION_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(op_kinds.ATTENTION)]
+_ATTENTION_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(ATTENTION)]
                                     + [r"^aten::scaled_dot_product_attention$", r"ScaledDotProduct\w*Backward"]))
-_GEMM_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(op_kinds.GEMM)]
+_GEMM_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(GEMM)]
                                + [r"^aten::(linear|matmul)$", r"\b(Mm|Addmm|Bmm)Backward"]))
 _OPTIMIZER = re.compile(r"^Optimizer\.step#")
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -129,3 +159,53 @@ def top_kernels(compute_ev: list[dict], steps: list, n_steps: int) -> list[dict]
     return [{"name": name[:160], "kind": kernel_class(name), "time_s": t / n_steps / 1e6, "count": c / n_steps}
             for name, (t, c) in ranked]
 
+
+# -- intervals -------------------------------------------------------------------------------------
+# Interval algebra on (start, end) pairs: the unions, intersections and differences the
+# communication share is measured with (trace_analysis.py). Pure.
+
+def union(ivs) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(ivs):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(ivs) -> float:
+    return sum(e - s for s, e in ivs)
+
+
+def subtract(a, b) -> list[tuple[float, float]]:
+    """a minus b (both unions)."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def intersect(a, b) -> list[tuple[float, float]]:
+    """Intersection of two unions (each sorted and disjoint)."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out

@@ -14,8 +14,8 @@ What counts as what, per rank, inside the profiled steps (the `brigade/step` ann
                  CPU: main-thread operators (cpu_op), less the time inside communication operators
                  or waits on them (a DTensor wait_tensor runs inside the aten op that needed it)
                  CUDA: every non-NCCL kernel
-    overlapped = |C ∩ K|,  exposed = |C \\ K| = |C| - |C ∩ K|
-    comm_share_pct = 100 |C| / |S|,   comm_exposed_pct = 100 |C \\ K| / |S|
+    overlapped = |C ∩ K|,  exposed = |C \ K| = |C| - |C ∩ K|
+    comm_share_pct = 100 |C| / |S|,   comm_exposed_pct = 100 |C \ K| / |S|
 
 A union, not a sum, so two collectives in flight at once (two buckets, two axes) count once; per
 axis and per collective the same union is taken over that axis' (collective's) events alone, so the
@@ -48,9 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.collect import compute_classes
-from harness.collect.comm_names import bus_bytes, collective_name, dtype_bytes, numel
-from harness.collect.flight_recorder import attribute, flight_entries, inside, pg_axis
-from harness.collect.intervals import intersect, length, subtract, union
+from harness.collect.compute_classes import intersect, length, subtract, union
 from harness.dims import COMM_AXES
 
 STEP_EVENT = "brigade/step"
@@ -226,4 +224,159 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         # ... and what the backend ran (gloo: a reduce-scatter as an all-reduce of the whole input)
         out[f"comm_{a}_bytes_as_run"] = max((r.get("comm_bytes_as_run_by_axis", {}).get(a, 0.0) for r in per_rank),
                                             default=0.0)
+    return out
+
+
+# -- comm names ------------------------------------------------------------------------------------
+# Collective names, element sizes and bus bytes as the profiler, gloo, NCCL and c10d's flight
+# recorder spell them (pure). Used by trace_analysis.py and flight_recorder.py.
+
+P2P = ("send", "recv")
+_NCCL_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+               "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "alltoall": "all_to_all"}
+# Element sizes by the dtype names the flight recorder (c10 ScalarType) and the profiler (C++ type) use.
+DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "c10::half": 2, "bfloat16": 2,
+               "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2,
+               "byte": 1, "unsigned char": 1, "char": 1, "signed char": 1, "bool": 1, "float8_e4m3fn": 1,
+               "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
+
+
+def collective_name(event_name: str) -> str:
+    """gloo:all_reduce -> all_reduce; nccl:send 0->1 -> send; ncclDevKernel_AllGather_RING_LL -> all_gather."""
+    if ":" in event_name and not event_name.startswith("ncclDevKernel") and not event_name.startswith("ncclKernel"):
+        return event_name.split(":", 1)[1].split()[0]
+    m = re.match(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", event_name)
+    if m:
+        return _NCCL_NAMES.get(m.group(1).lower(), m.group(1).lower())
+    return event_name
+
+
+def dtype_bytes(name: str) -> int:
+    return DTYPE_BYTES.get(str(name).lower(), 4)
+
+
+def numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def bus_bytes(coll: str, in_bytes: float, out_bytes: float, n: int) -> float:
+    """Bytes this rank sends for one collective, the cost model's convention (harness/costmodel/comm.py:
+    nccl-tests bus factors): all_reduce 2(n-1)/n * S; all_gather (n-1)/n * S_out; reduce_scatter and
+    all_to_all (n-1)/n * S_in; broadcast (n-1)/n * S (a ring broadcast, averaged over the ranks);
+    send S; recv 0 (the peer's send counts it)."""
+    if n <= 1 and coll != "send":
+        return 0.0
+    if coll == "all_reduce":
+        return 2 * (n - 1) / n * in_bytes
+    if coll == "all_gather":
+        return (n - 1) / n * max(out_bytes, in_bytes * n)
+    if coll in ("reduce_scatter", "all_to_all", "broadcast"):
+        return (n - 1) / n * in_bytes
+    if coll == "send":
+        return float(in_bytes)
+    return 0.0
+
+
+def logical_name(c10d_op: str) -> str | None:
+    """The collective the caller asked for, from the c10d operator that enqueued it
+    (c10d::_reduce_scatter_base_ -> reduce_scatter even where gloo runs it as an all-reduce)."""
+    n = c10d_op.split("::", 1)[-1].lower()
+    for key, name in (("reduce_scatter", "reduce_scatter"), ("allgather", "all_gather"), ("allreduce", "all_reduce"),
+                      ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"),
+                      ("send", "send"), ("recv", "recv"), ("reduce", "reduce"), ("gather", "gather"),
+                      ("scatter", "scatter")):
+        if key in n:
+            return name
+    return None
+
+
+# -- flight recorder -------------------------------------------------------------------------------
+# Attributing gloo collectives to mesh axes through c10d's flight recorder (pure; see the
+# "Attributing a gloo event" paragraph of trace_analysis.py): each profiler event is matched with the
+# flight-recorder entry that enqueued it, which names its process group; profiling.py recorded which
+# mesh axis each group is.
+
+def pg_axis(meta: dict, pg_name: str, coll: str) -> str:
+    """Axis of a process group: profiling.py lists candidates per group (a group can be both the ep and
+    the dp group when ep == dp); an all-to-all is expert traffic, anything else data-parallel."""
+    axes = meta.get("pg_axes", {}).get(str(pg_name))
+    if not axes:
+        return "unknown"
+    if len(axes) > 1 and "ep" in axes:
+        return "ep" if coll.startswith("all_to_all") else [a for a in axes if a != "ep"][0]
+    return axes[0]
+
+
+def entry_numel(entry: dict) -> int:
+    return sum(numel(s) for s in entry.get("input_sizes") or [])
+
+
+def inside(ts: float, steps) -> bool:
+    return any(s <= ts < e for s, e in steps)
+
+
+def flight_entries(trace: dict, events: list[dict], steps) -> list[dict]:
+    """The flight recorder's entries (saved by profiling.py) made inside the profiled steps, each with
+    the collective as run (`run`), as asked for (`coll`, from the enclosing c10d operator), its
+    process group, group size and element count, in the order they were enqueued."""
+    meta = trace.get("brigade", {})
+    base_ns = trace.get("baseTimeNanoseconds", 0)
+    sizes = {str(k): len(v) for k, v in meta.get("pg_ranks", {}).items()}
+    ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e["name"].startswith("c10d::"))
+    out = []
+    for en in meta.get("fr_entries", []):
+        t_us = (en.get("time_created_ns", 0) - base_ns) / 1000  # the trace's clock: base + ts microseconds
+        if not inside(t_us, steps):
+            continue  # enqueued outside the profiled steps (the barrier between them)
+        run = collective_name(en.get("profiling_name", ""))
+        enclosing = [name for s, e, name in ops if s <= t_us <= e]
+        coll = (logical_name(enclosing[-1]) if enclosing else None) or run
+        pg = str((en.get("process_group") or ["?"])[0])
+        in_b = entry_numel(en) * dtype_bytes((en.get("input_dtypes") or ["float"])[0])
+        out_b = sum(numel(x) for x in en.get("output_sizes") or []) * dtype_bytes(
+            (en.get("output_dtypes") or en.get("input_dtypes") or ["float"])[0])
+        out.append({"run": run, "coll": coll, "pg": pg, "n": sizes.get(pg, 1), "numel": entry_numel(en),
+                    "created_us": t_us, "in_bytes": in_b, "out_bytes": out_b, "p2p": bool(en.get("is_p2p"))})
+    return out
+
+
+def attribute(comm_ev: list[dict], entries: list[dict], meta: dict, cuda: bool) -> dict[int, tuple[str, str]]:
+    """id(event) -> (axis, collective), matching each event with the flight-recorder entry that enqueued
+    it: same collective as run, same element count (gloo events record their shapes), created before
+    the event started, earliest first (see the module docstring)."""
+    used = [False] * len(entries)
+    out: dict[int, tuple[str, str]] = {}
+    tid_axis: dict = {}
+    p2p_axis = meta.get("p2p_axis", "unknown")
+    for ev in sorted(comm_ev, key=lambda e: e["ts"]):
+        run = collective_name(ev["name"])
+        args = ev.get("args", {})
+        if args.get("Process Group Name") is not None:  # NCCL kernels may carry their group directly
+            out[id(ev)] = (pg_axis(meta, args["Process Group Name"], run), run)
+            continue
+        if run in P2P or run == "send_recv":
+            out[id(ev)] = (p2p_axis, run)
+            continue
+        dims = args.get("Input Dims")
+        elems = numel(dims[0]) if dims and isinstance(dims[0], list) and not cuda else None
+        best = None
+        for i, en in enumerate(entries):
+            if used[i] or en["p2p"] or en["run"] != run:
+                continue
+            if en["created_us"] > ev["ts"] + 2000:  # enqueued after this event began (2 ms clock slack)
+                break
+            if elems is None or en["numel"] == elems:
+                best = i
+                break
+        if best is not None:
+            used[best] = True
+            en = entries[best]
+            label = (pg_axis(meta, en["pg"], en["coll"]), en["coll"])
+            tid_axis[(ev["pid"], ev["tid"])] = label[0]
+        else:
+            label = (tid_axis.get((ev["pid"], ev["tid"]), "unknown"), run)
+        out[id(ev)] = label
     return out

@@ -39,7 +39,7 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
   Selective recompute (checkpointed attention core) drops the core's internals (scores, logsumexp);
   full recompute keeps each block's input (r*E, /t under SP) plus one block's activations while
   it is recomputed.
-  selective_op (models/checkpointing.py, torchtitan's op policy; SDPA, dense, no biases) keeps each
+  selective_op (models/gpt.py, torchtitan's op policy; SDPA, dense, no biases) keeps each
   block's input r*E/rep and the outputs of the 1st, 3rd, ... matmul and of the attention kernel:
   q e*E/t, v e*E*kv/(h t), fc1 or gate e*F/t, SwiGLU's down e*E (a row-parallel matmul's local output
   is whole), the kernel's output e*E/t and logsumexp 4*b*a*s/t; while one block is recomputed, what

@@ -180,7 +180,7 @@ class Strategy:
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
         # bf16 params (strategy.low_precision_params) likewise: the distributed optimizer's, or Megatron-LM's bf16
-        # module under DDP (priced only, harness/validate_layouts.py)
+        # module under DDP (priced only, harness/validate.py)
         self.low_precision_params = (bool(getattr(s, "low_precision_params", False))
                                      and self.family in ("distributed", "replicated"))
         self.autocast = self.family not in ("sharded", "deepspeed") and not self.low_precision_params

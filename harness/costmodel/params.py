@@ -37,7 +37,7 @@ from models.tp_plan import PLAN, SHARDED_DIM, role_of
 
 ROW_PARALLEL = ("o", "fc2", "down")  # their bias is replicated; a column-parallel bias is split
 MLP_MATRICES = {"gelu": (("fc1", 0), ("fc2", 1)), "swiglu": (("gate", 0), ("up", 0), ("down", 1))}  # (name, in = d_ff dim)
-# selective_op (models/checkpointing.py) keeps every other matmul's output, the 1st, 3rd, ...: the
+# selective_op (models/gpt.py) keeps every other matmul's output, the 1st, 3rd, ...: the
 # projections it recomputes in backward are the 2nd, 4th, ... of block_projections' list (k, o, and fc2
 # or SwiGLU's up)
 SELECTIVE_OP_RECOMPUTED = slice(1, None, 2)

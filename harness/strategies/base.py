@@ -52,9 +52,9 @@ class Strategy:
         """The model arrives on the meta device (nothing allocated). Every strategy calls this once per
         module, after its sharding (TP, FSDP, pipeline split, expert placement) and before any wrapper
         that needs real tensors (DDP): it allocates this rank's local shards on the device and
-        initialises them so the full weights equal `single`'s (models/init.py). In a dry run
+        initialises them so the full weights equal `single`'s (models/gpt.py). In a dry run
         (launch/dryrun.py) the same call runs under FakeTensorMode and allocates nothing."""
-        from models.init import materialize
+        from models.gpt import materialize
 
         with self.allocation():
             return materialize(module, self.device, self.run.workload.seed)

@@ -32,7 +32,7 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Modu
         return model
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from models.init import retie, tied_names
+    from models.gpt import retie, tied_names
 
     ties = tied_names(model)  # tie_embeddings: tok_emb and head are both Shard(0) on the vocabulary
     names = [name for name, _ in model.named_modules() if name]

@@ -46,7 +46,7 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
 
     from harness.config import compose_run
     from harness.costmodel.inputs import Model
-    from harness.op_kinds import ATTENTION_BACKWARD, ATTENTION_FORWARD
+    from harness.collect.compute_classes import ATTENTION_BACKWARD, ATTENTION_FORWARD
     from harness.tools.op_profile import OpProfile
     from models.gpt import build_model
     from models.loss import cross_entropy
@@ -90,7 +90,7 @@ def measure_profiled(dtype, peak_tflops: float, mode: dict, device) -> dict:
 
     from harness.config import compose_run
     from harness.costmodel.inputs import Model
-    from harness.op_kinds import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, kind_of
+    from harness.collect.compute_classes import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, kind_of
     from harness.tools.op_profile import OpProfile
     from harness.tools.device_timing import sig, sync
     from models.gpt import build_model

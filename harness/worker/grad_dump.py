@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ENV = "BRIGADE_GRAD_DUMP"
+GRAD_DUMP_ENV = "BRIGADE_GRAD_DUMP"
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "") not in ("", "0")
+def grad_dump_enabled() -> bool:
+    return os.environ.get(GRAD_DUMP_ENV, "") not in ("", "0")
 
 
 class GradDump:

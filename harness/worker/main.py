@@ -81,7 +81,7 @@ def _host_rss_at_setup(strategy, device, rss_before_model: int) -> dict:
     """Peak host RSS of this rank at the end of setup (before the first step), beside its prediction:
     the RSS before the model was built (interpreter, torch, process groups: measured) + the bytes of
     the parameters this rank holds in host memory (its local shards on CPU; 0 on a GPU). Not
-    modelled: the init's transient (a few row blocks of one parameter, models/init.py) and the
+    modelled: the init's transient (a few row blocks of one parameter, models/gpt.py) and the
     allocator's slack."""
     import resource
 

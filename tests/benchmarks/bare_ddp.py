@@ -21,7 +21,7 @@ import torch.distributed as dist
 import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from harness.worker.data import global_batch  # noqa: E402
+from harness.worker.loop import global_batch  # noqa: E402
 from models.gpt import build_model  # noqa: E402
 from models.loss import cross_entropy as loss_fn  # noqa: E402
 

@@ -6,7 +6,7 @@ Rank 0 of an FSDP dp=N layout on torch's fake process group (no other process ne
 and allocation are a real run's, collectives are no-ops), each measurement in a fresh forked child
 (launch/fork.py) so ru_maxrss is its own:
     before  the old path: the whole model built and initialised in fp32 on the host, then fully_shard
-    after   the model built on meta, fully_shard, then only the local shards allocated (models/init.py)
+    after   the model built on meta, fully_shard, then only the local shards allocated (models/gpt.py)
 Prints peak RSS at the end of setup, the local parameter bytes and the criterion of issue 12
 (peak <= local parameter bytes + 1 GiB). Not a timed test: give `uptime` with the figures.
 """

@@ -13,7 +13,7 @@ from harness import catalog
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness", "models", "launch", "hydra_plugins")
-MAX_LINES = 300
+MAX_LINES = 500  # a smell detector, not a budget: a module is one idea
 
 
 def project_files() -> list[Path]:
@@ -118,7 +118,7 @@ def test_name_literal_check_sees_a_planted_literal(tmp_path):
     assert name_literals(planted) == [(1, "dualpipev")]
 
 
-PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.table",
+PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.ending",
                "harness.costmodel", "harness.tools.plan", "harness.tools.predict", "harness.report",
                "harness.catalog", "harness.validate", "harness.collect.aggregate", "harness.collect.fidelity",
                "launch.local", "hydra_plugins.brigade_sweeper")
@@ -142,6 +142,6 @@ def test_parent_side_imports_without_torch():
 
 
 @pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_no_module_over_300_lines(path):
+def test_no_module_over_500_lines(path):
     n = len(path.read_text().splitlines())
     assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines (> {MAX_LINES}): split it by what it does"

@@ -44,10 +44,8 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             task_cfg = _task_cfg(cfg)
             resources = _resources_or_none(task_cfg)
             if resources is None:  # a skip or an invalid config: recorded here, nothing to submit
-                from harness.run.job import run_job
-
                 returns[i] = JobReturn(overrides=list(overrides), cfg=task_cfg, status=JobStatus.COMPLETED,
-                                       _return_value=run_job(task_cfg))
+                                       _return_value=self.task_function(task_cfg))
                 continue
             composed[i] = task_cfg
             queue.append((i, json.dumps(resources, sort_keys=True)))
@@ -131,9 +129,11 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             timed_out = state.startswith("TIMEOUT")
         record = _record_of_job(task_cfg, job.job_id)
         if record is None:  # the usual case; else the task wrote it and was killed before returning
+            from harness.run.record import Status
             from harness.run.sweep import launcher_failure
 
-            record = launcher_failure(task_cfg, error, status="timeout" if timed_out else "failed")
+            record = launcher_failure(self.task_function.ending, task_cfg, error,
+                                      status=Status.TIMEOUT if timed_out else Status.FAILED)
         return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

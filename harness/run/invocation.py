@@ -19,13 +19,13 @@ from rich.markup import escape
 from harness.config import CONF_DIR, register_configs
 from harness.run.record import results_problem
 
-def run_invocation(argv: list[str]) -> int:
-    """The whole invocation: its exit status (harness/run/ending.py)."""
-    from harness.run.ending import Ending
+def run_invocation(argv: list[str], task=None) -> int:
+    """The whole invocation (argv as in sys.argv[1:], which Hydra's entry point parses): its exit
+    status (harness/run/ending.py). `task`: the task function, a harness.run.job.Task."""
     from harness.run.job import Task
 
     register_configs()
-    task = Task(Ending())
+    task = task or Task()
     refused = _before_hydra(argv, task.ending)
     if refused is not None:
         return refused

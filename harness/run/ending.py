@@ -34,6 +34,8 @@ import fcntl
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -105,12 +107,41 @@ class Ending:
     def interrupted(self) -> bool:
         return any(s == Status.INTERRUPTED for s, _ in self.outcomes)
 
-    def claim(self, results_dir: str, study: str, run_id: str) -> str | None:
-        """Claim run_id; None when claimed now, else who holds it (a line to print)."""
-        fd, held = take_claim(results_dir, study, run_id)
+    def claim(self, results_dir: str, study: str, run_id: str, holder: str = "running it",
+              wait_while=None, timeout_s: float = 60.0) -> str | None:
+        """Claim run_id, saying what this process does with it (`holder`); None when claimed now,
+        else the holder's line ("<pid> <what it does with it>"). wait_while(line): keep trying while
+        it is true (a SLURM job whose submitter is still writing the job's id), up to timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fd, line = take_claim(results_dir, study, run_id, holder)
+            if fd is not None:
+                self.claims[run_id] = fd
+                return None
+            if wait_while is None or not wait_while(line) or time.monotonic() > deadline:
+                return line
+            time.sleep(0.5)
+
+    def inherit(self, results_dir: str, study: str, run_id: str, holder: str) -> None:
+        """Hold run_id's claim as soon as its holder lets go: a SLURM job whose submitting invocation
+        holds the claim for it, and would leave it unheld if it died while the job runs."""
+        fd = os.open(claim_path(results_dir, study, run_id), os.O_RDWR | os.O_CREAT, 0o644)
+        self.claims[run_id] = fd
+
+        def wait() -> None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the submitter lets go (or dies)
+                _write_holder(fd, holder)
+            except OSError:
+                pass  # released meanwhile: the run ended
+
+        threading.Thread(target=wait, daemon=True, name=f"claim-{run_id}").start()
+
+    def relabel(self, run_id: str, holder: str) -> None:
+        """Say what this process now does with a claim it holds (e.g. which SLURM job runs it)."""
+        fd = self.claims.get(run_id)
         if fd is not None:
-            self.claims[run_id] = fd
-        return held
+            _write_holder(fd, holder)
 
     def release(self, run_id: str) -> None:
         fd = self.claims.pop(run_id, None)
@@ -135,21 +166,41 @@ def failure(error: BaseException) -> tuple[Status, str]:
     return status, f"{type(error).__name__}: {str(error)[:2000]}{at}"
 
 
-def take_claim(results_dir: str, study: str, run_id: str) -> tuple[int | None, str | None]:
-    """(fd holding the claim, None), or (None, who holds it: a line to print)."""
-    d = Path(results_dir) / "runs" / study / ".claims"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{run_id}.lock"
+def claim_path(results_dir: str, study: str, run_id: str) -> Path:
+    return Path(results_dir) / "runs" / study / ".claims" / f"{run_id}.lock"
+
+
+def take_claim(results_dir: str, study: str, run_id: str, holder: str) -> tuple[int | None, str]:
+    """(fd holding the claim, ""), or (None, the holder's line: "<pid> <what it does with it>")."""
+    path = claim_path(results_dir, study, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        line = holder_line(path)
         os.close(fd)
-        return None, f"another brigade (pid {holder}) is running it ({path})"
+        return None, line
+    _write_holder(fd, holder)
+    return fd, ""
+
+
+def held_by(line: str, results_dir: str, study: str, run_id: str) -> str:
+    """A claim's holder, said as a line to print."""
+    return f"another brigade (pid {line}) holds it ({claim_path(results_dir, study, run_id)})"
+
+
+def holder_line(path: Path) -> str:
+    """What the last holder of a claim said it does with it (read without the lock)."""
+    try:
+        return path.read_text(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _write_holder(fd: int, holder: str) -> None:
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd, None
+    os.pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
 
 
 # A signal handler belongs to the process, not to an invocation: the one piece of module state here.

@@ -22,7 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness import rundir
 from harness.rundir import write_atomic
 from harness.run import record as rec
-from harness.run.ending import Ending, console, failure, print_table, received
+from harness.run.ending import (Ending, claim_path, console, failure, held_by, holder_line, print_table,
+                                 received)
 from harness.run.record import Status, results_problem
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
@@ -116,10 +117,9 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         return _finish(record, None, None, "", ending, at)
     at.config, at.run = config, run
 
-    # a named study: one invocation runs a config at a time (harness/run/ending.py); not inside a SLURM
-    # job, where every node's task runs this function for the same run
-    if run.study != "adhoc" and not _slurm_job(run):
-        held = ending.claim(run.results_dir, run.study, rec.run_id(config))
+    # a named study: one invocation runs a config at a time (harness/run/ending.py)
+    if run.study != "adhoc":
+        held = _claim(run, rec.run_id(config), ending)
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
             return None
@@ -161,6 +161,42 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         env = {**env, "slurm_job": slurm_job}
     record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
     return _finish(record, run, run_dir, label, ending, at)
+
+
+def _claim(run: RunConfig, run_id: str, ending: Ending) -> str | None:
+    """Claim the run_id as a local run does; None when this process may run it, else why not.
+
+    In a SLURM job (launcher=slurm) task 0 claims it. The invocation that submitted the job holds the
+    claim for it until the job ends (hydra_plugins/brigade_slurm), so a claim held "as SLURM job <this
+    job>" is this job's: it goes on, and takes the claim over should that invocation die. Any other
+    holder is another brigade running it. The other nodes' tasks run the job function too: they go on
+    when the claim is this job's, and stop when another brigade holds it, as task 0 does."""
+    job = _slurm_job(run)
+    if not job:
+        line = ending.claim(run.results_dir, run.study, run_id)
+        return line and held_by(line, run.results_dir, run.study, run_id)
+    from launch.slurm import SUBMITTED, SUBMITTING, task_rank
+
+    mine = (f"{SUBMITTED} {job}", f"in SLURM job {job}")
+    if task_rank() == 0:
+        line = ending.claim(run.results_dir, run.study, run_id, mine[1],
+                            wait_while=lambda line: line.endswith(SUBMITTING))  # the job id is being written
+        if line and line.endswith(mine[0]):
+            ending.inherit(run.results_dir, run.study, run_id, mine[1])
+            return None
+    else:
+        line = _holder_once_settled(claim_path(run.results_dir, run.study, run_id), SUBMITTING)
+        line = "" if line.endswith(mine) else line
+    return line and held_by(line, run.results_dir, run.study, run_id)
+
+
+def _holder_once_settled(path: Path, unsettled: str, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    line = holder_line(path)
+    while (line == "?" or line.endswith(unsettled)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        line = holder_line(path)
+    return line
 
 
 def _task_overrides() -> list[str]:

@@ -181,7 +181,11 @@ def take_claim(results_dir: str, study: str, run_id: str, holder: str) -> tuple[
         line = holder_line(path)
         os.close(fd)
         return None, line
-    _write_holder(fd, holder)
+    try:
+        _write_holder(fd, holder)
+    except OSError:
+        os.close(fd)  # e.g. a full disk: the claim is not kept half-made
+        raise
     return fd, ""
 
 

@@ -8,31 +8,15 @@ from __future__ import annotations
 
 import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from harness.config import CONF_DIR, register_configs
-
-register_configs()
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def run(cfg: DictConfig) -> dict:
-    from harness.run.job import run_job
-
-    return run_job(cfg)
+from harness.run.ending import install_signals
 
 
 def main() -> None:
-    """Exit status: 0 every run ok, 2 some run invalid, 1 some run failed (harness/run/outcome.py)."""
-    from harness.run import invocation, outcome, signals
+    """Exit status: 0 every run ok, 2 some run invalid, 1 some run failed (harness/run/ending.py)."""
+    install_signals()  # first: SIGTERM/SIGINT/SIGHUP from here on end as `interrupted`, with a record
+    from harness.run.invocation import run_invocation  # Hydra and the configs: after the handlers
 
-    signals.install()  # SIGTERM/SIGINT/SIGHUP end the run in flight, record it, stop the sweep
-    status = invocation.run_invocation(sys.argv[1:], run.__wrapped__)  # a plain run: composed once, run here
-    if status is None:  # a sweep, a study or a Hydra command: Hydra's entry point
-        run()
-        status = outcome.exit_status()
-    sys.exit(status)
+    sys.exit(run_invocation(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ class RunConfig:
     series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
     results_dir: str = "results"
     allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device (or, on CPU, the host)
-    allow_failures: bool = False  # exit 0 once every run has its record, even failed/invalid ones (harness/run/outcome.py)
+    allow_failures: bool = False  # exit 0 once every run has its record, even failed/invalid ones (harness/run/ending.py)
     rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all
     fault: str = "none"  # test-only fault switch: none | crash_rank1 | hang_rank1 | oom_rank1 (4 GiB: in a memory cgroup)
     report: bool = True  # write the HTML report at the end of a sweep

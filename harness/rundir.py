@@ -13,11 +13,13 @@ them back (harness/run/job.py) and the report reads what the record points to.
         timeline_rank<r>.json  a pipeline rank's per-action timeline
         grads_rank<r>.pt     step 0's full gradients, only with BRIGADE_GRAD_DUMP=1 (the parity tests)
 
-Every file is written whole or not at all (write_atomic), so a reader never sees half a file.
+Every file the parent or a rank writes whole is written by write_atomic: whole or not at all, and synced,
+so a reader never sees half a file and a crash never leaves a torn one (workers.log is a stream, appended).
 """
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 CONFIG = "config.yaml"
@@ -50,9 +52,26 @@ def grads_file(rank: int) -> str:
 GRADS_GLOB = "grads_rank*.pt"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path` (atomic on POSIX)."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` whole and durably: into a temporary file beside `path`, synced, renamed over
+    `path` (atomic on POSIX), then the directory synced so the rename itself survives a crash. A
+    reader sees the old file or the new one, never half; a failed write (disk full) leaves no trace."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    view = memoryview(data.encode() if isinstance(data, str) else data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while view:  # write(2) may write less than asked
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -62,7 +62,7 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
             results.append(result)
             if on_poll:
                 on_poll()
-            (run_dir / rundir.PROGRESS).write_text(f"{i + 1} {len(ranks)}")
+            rundir.write_atomic(run_dir / rundir.PROGRESS, f"{i + 1} {len(ranks)}")
     measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims), "ranks": results}
     rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)

@@ -121,7 +121,7 @@ def test_name_literal_check_sees_a_planted_literal(tmp_path):
     assert name_literals(planted) == [(1, "dualpipev")]
 
 
-PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.table",
+PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.ending",
                "harness.costmodel", "harness.tools.plan", "harness.tools.predict", "harness.report",
                "harness.catalog", "harness.validate", "harness.collect.aggregate", "harness.collect.fidelity",
                "launch.local", "hydra_plugins.brigade_sweeper")
@@ -192,3 +192,58 @@ def test_a_ddp_run_reads_the_files_the_readme_lists(tmp_path):
     assert len(listed) == len(set(listed)), listed
     assert set(listed) == files, (f"README lists but the run does not import: {sorted(set(listed) - files)}; "
                                   f"imported but not listed: {sorted(files - set(listed))}")
+
+
+def imported_modules(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_no_private_hydra_api_beyond_the_sweepers_base_class():
+    """hydra._internal can change in any Hydra release: only the sweeper may extend BasicSweeper."""
+    allowed = {REPO / "hydra_plugins/brigade_sweeper/study_sweeper.py": {"hydra._internal.core_plugins.basic_sweeper"}}
+    found = [f"{p.relative_to(REPO)}: {m}" for p in project_files() for m in sorted(imported_modules(p))
+             if m.startswith("hydra._internal") and m not in allowed.get(p, set())]
+    assert not found, "\n".join(found)
+
+
+# Modules that write files into a run directory (harness/rundir.py lists the files).
+RUN_DIR_WRITERS = ("harness/worker", "harness/strategies", "harness/run", "harness/collect", "launch")
+
+
+def whole_file_writes(path: Path) -> list[int]:
+    """Lines that write a whole file other than by rundir.write_atomic: write_text, write_bytes,
+    json.dump, torch.save to anything but an in-memory buffer, open(..., "w") of anything but a log
+    (workers.log is a stream, appended as the ranks print)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        f, args = node.func, [ast.unparse(a) for a in node.args]
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        owner = ast.unparse(f.value) if isinstance(f, ast.Attribute) else ""
+        mode = next((k.value.value for k in node.keywords if k.arg == "mode" and isinstance(k.value, ast.Constant)),
+                    node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "")
+        if (name in ("write_text", "write_bytes") or (owner, name) == ("json", "dump")
+                or ((owner, name) == ("torch", "save") and args[1:2] != ["buf"])
+                or (name == "open" and "w" in str(mode) and "log" not in args[0])):
+            out.append(node.lineno)
+    return out
+
+
+def test_run_dir_files_are_written_whole_and_synced_by_one_helper():
+    found = [f"{p.relative_to(REPO)}:{line}" for p in project_files()
+             if str(p.relative_to(REPO)).startswith(RUN_DIR_WRITERS) for line in whole_file_writes(p)]
+    assert not found, "write these through harness.rundir.write_atomic:\n" + "\n".join(found)
+
+
+def test_whole_file_write_check_sees_a_planted_write(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('from pathlib import Path\nPath("progress").write_text("1 2")\nopen("x", "w")\n'
+                       'open(log_path, "w")\ntorch.save(g, buf)\ntorch.save(g, path)\n')
+    assert whole_file_writes(planted) == [2, 3, 6]

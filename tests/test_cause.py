@@ -6,7 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from harness.run import cause, outcome
+from harness.run import cause
+from harness.run.ending import Ending
 from launch.local import LaunchResult
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -106,10 +107,11 @@ def test_the_first_non_finite_loss_is_named_with_its_step():
     assert cause.divergence([6.9, 6.1]) is None
 
 
-def test_exit_status_tells_ok_invalid_and_failed_apart(monkeypatch):
+def test_exit_status_tells_ok_invalid_and_failed_apart():
     def status(*ended):
-        monkeypatch.setattr(outcome, "_ended", list(ended))
-        return outcome.exit_status()
+        ending = Ending()
+        ending.outcomes = list(ended)
+        return ending.exit_status()
 
     assert status(("ok", False), ("ok", False)) == 0 and status() == 0
     assert status(("ok", False), ("invalid", False)) == 2

@@ -200,3 +200,90 @@ def test_a_rank_the_kernel_oom_kills_is_oom(tmp_path):
                 break
             except OSError:
                 time.sleep(0.2)
+
+
+def _on_a_full_disk(runs: Path) -> list[str]:
+    """An argv prefix that runs a command with `runs` on a full tmpfs of 8 KiB, in a mount namespace
+    of its own (unshare -rm: no root needed where user namespaces are allowed)."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user and mount namespace here (unshare -rm): cannot mount a full tmpfs")
+    runs.mkdir(parents=True)
+    fill = f"mount -t tmpfs -o size=8k tmpfs {runs} && (dd if=/dev/zero of={runs}/fill bs=4k 2>/dev/null; true)"
+    return ["unshare", "-rm", "sh", "-c", f'{fill} && exec "$@"', "sh"]
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
+def test_a_task_that_fails_writing_its_run_dir_is_failed_and_exits_1(tmp_path, multirun):
+    # <results_dir>/runs is a full disk, the records file beside it is not: a real ENOSPC in the run dir
+    argv = [*_on_a_full_disk(tmp_path / "runs"), sys.executable, "-m", "harness", *(["-m"] if multirun else []),
+            *FAST, "strategy=single", f"results_dir={tmp_path}"]
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    (r,) = strict_records(tmp_path)
+    assert r["status"] == "failed" and "No space left on device" in r["error"], (r["status"], r["error"])
+    assert "write_atomic" in r["error"]  # where it was raised
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert not [f for f in (tmp_path / "runs").rglob("*.tmp")]  # a failed write leaves no partial file
+
+
+@pytest.fixture
+def signal_handlers():
+    """brigade's handlers in this process, as the CLI installs them; pytest's back afterwards."""
+    from harness.run import ending
+
+    saved = {s: signal.getsignal(s) for s in ending.HANDLED}
+    ending.install_signals()
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+    ending._received.clear()
+
+
+def test_a_signal_before_launch_ends_the_run_as_interrupted(tmp_path, signal_handlers):
+    from harness.run.ending import Ending
+    from harness.run.job import run_job
+    from tests.helpers import compose_config
+
+    os.kill(os.getpid(), signal.SIGTERM)  # noted by the handler: the run has not been launched yet
+    ending = Ending()
+    r = run_job(compose_config([*FAST, "strategy=ddp", "parallel.dp=2"], tmp_path), ending)
+    assert r["status"] == "interrupted" and "SIGTERM before the run was launched" in r["error"], r
+    assert strict_records(tmp_path) == [json.loads(json.dumps(r))]
+    assert r["run_dir"] is None and not (tmp_path / "runs").exists()  # nothing was started
+    assert r["predicted"]["step_time_s"] > 0  # planned, so the record says what it would have been
+    assert ending.exit_status() == 1
+
+
+def test_a_signal_between_a_sweeps_runs_ends_the_next_run_as_interrupted(tmp_path, signal_handlers, monkeypatch):
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.run.invocation import run_invocation
+    from harness.run.job import Task
+
+    class SignalledAfterEachRun(Task):
+        def __call__(self, cfg):
+            record = super().__call__(cfg)
+            os.kill(os.getpid(), signal.SIGTERM)  # after the run ended, before the sweep's next one
+            return record
+
+    argv = ["-m", *FAST, "strategy=single", "workload.seed=1,2,3", "report=false", f"results_dir={tmp_path}"]
+    monkeypatch.setattr(sys, "argv", ["brigade", *argv])  # Hydra's entry point parses sys.argv
+    try:
+        status = run_invocation(argv, SignalledAfterEachRun())
+    finally:
+        GlobalHydra.instance().clear()
+    rows = strict_records(tmp_path)
+    assert [(r["config"]["workload"]["seed"], r["status"]) for r in rows] == [(1, "ok"), (2, "interrupted")]
+    assert "SIGTERM before the run was launched" in rows[1]["error"] and rows[1]["run_dir"] is None
+    assert status == 1
+
+
+def test_a_failed_wandb_log_leaves_no_wandb_identity_and_says_why(tmp_path, monkeypatch):
+    from tests.helpers import run
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")  # W&B itself refuses the mode: a real logging failure
+    r = run(["strategy=single", "logger=wandb"], tmp_path)
+    assert r["status"] == "ok", r["error"]
+    (written,) = strict_records(tmp_path)
+    assert "wandb" not in written, written["wandb"]  # no identity for a W&B run that does not exist
+    assert written["wandb_error"].startswith("W&B logging failed: ValidationError"), written["wandb_error"]
+    assert not list(Path(written["run_dir"]).glob("wandb/*run-*"))

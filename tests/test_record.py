@@ -200,3 +200,35 @@ def test_a_reader_waits_for_an_append_in_progress(tmp_path):
     os.close(fd)
     reader.join(5)
     assert [r["run_id"] for r in got[0]] == ["a", "b"]
+
+
+def test_write_atomic_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    from harness.rundir import write_atomic
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b)))
+    target = tmp_path / "progress"
+    write_atomic(target, "3 10")
+    assert target.read_text() == "3 10"
+    (sync_file, tmp_name), replaced, synced_dir = events
+    assert sync_file == "fsync" and Path(tmp_name).parent == tmp_path and tmp_name != str(target)
+    assert replaced == ("replace", str(target)) and synced_dir == ("fsync", str(tmp_path))
+
+
+def test_write_atomic_that_fails_leaves_the_old_file_and_no_partial_one(tmp_path):
+    from harness.rundir import write_atomic
+
+    target = tmp_path / "measurement.json"
+    write_atomic(target, b"old")
+    os.chmod(tmp_path, 0o500)  # the temporary file cannot be created: the write fails
+    try:
+        if os.access(tmp_path, os.W_OK):
+            pytest.skip("root ignores directory permissions")
+        with pytest.raises(OSError):
+            write_atomic(target, b"new")
+    finally:
+        os.chmod(tmp_path, 0o700)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["measurement.json"]

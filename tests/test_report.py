@@ -325,6 +325,9 @@ def test_wandb_summary_run_holds_the_study_tables(study, tmp_path):
     n = len(load(jsonl).runs)
     assert summary["runs_table/nrows"] == n and summary["n_runs"] == n
     assert summary["n_ok"] == 3 and summary["n_failed"] == 1 and summary["n_invalid"] == 2
+    from harness.run.record import Status
+
+    assert {k for k in summary if k.startswith("n_") and k != "n_runs"} == {f"n_{s}" for s in Status}  # all 7
     assert summary["failed_table/nrows"] == 3
     (table,) = Path(where).glob("files/media/table/runs_table_*.table.json")
     data = json.loads(table.read_text())

@@ -252,6 +252,26 @@ def test_calibrate_fabric_across_two_nodes_writes_a_fabric_profile(slurm_cluster
     assert fabric.call_s("all_reduce", 2, 1, 2**20) == pytest.approx(2**20 / (bw * 1e9), rel=1e-6)
 
 
+def test_two_invocations_of_one_study_submit_and_run_each_config_once(slurm_cluster, results):
+    """Two invocations of one study started together: each config is submitted once and runs once
+    (the first to claim its run_id submits it and holds the claim for its SLURM job; the other
+    skips it), so the study has one record per config and SLURM saw one job per config."""
+    jobs_before = set(slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split())
+    argv = [sys.executable, "-m", "harness", "-m", "launcher=slurm", *SLURM_FAST, "logger=none", "study=twice",
+            "strategy=single", "workload.seed=1,2", f"results_dir={results}"]
+    a, b = (subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(2))
+    outs = [p.communicate(timeout=420)[0] for p in (a, b)]
+    assert a.returncode == b.returncode == 0, [o[-2000:] for o in outs]
+    recs = records(results, "twice")
+    assert sorted((r["config"]["workload"]["seed"], r["status"]) for r in recs) == [(1, "ok"), (2, "ok")], \
+        [(r["config"]["workload"]["seed"], r["status"], r["env"].get("slurm_job")) for r in recs]
+    new_jobs = set(slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split()) - jobs_before
+    assert len(new_jobs) == 2, (new_jobs, [o[-1500:] for o in outs])
+    said = " ".join(" ".join(outs).split())
+    assert "holds it" in said or "already ok" in said, said[-3000:]
+
+
 def test_cluster_stops_cleanly(slurm_cluster):
     """Last in this file: stop kills exactly the recorded daemons, and a second stop is a no-op."""
     stopped = _script("stop", env=slurm_cluster.env)

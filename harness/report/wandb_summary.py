@@ -17,6 +17,7 @@ from pathlib import Path
 from harness.report import charts, png_paths, scaling
 from harness.dims import COMM_AXES
 from harness.report.study import load
+from harness.run.record import Status
 
 
 def summary_dir(records_path: Path, study: str) -> Path:
@@ -110,7 +111,7 @@ def log_summary(records_path: str | Path, html_path: str | Path | None = None, m
         fits = {f"fit/{s.name}/{k}": v for s in scaling.series(study) if s.fit
                 for k, v in (("law", s.fit.law), ("serial_fraction", s.fit.serial_fraction),
                              ("rms_residual", s.fit.rms_residual))}
-        counts = {s: sum(r.status == s for r in study.runs) for s in ("ok", "invalid", "failed", "timeout", "oom")}
+        counts = {s: sum(r.status == s for r in study.runs) for s in Status}
         run.summary.update({**fits, "n_runs": len(study.runs),
                             **{f"n_{k}": v for k, v in counts.items()},
                             "report_html": str(html_path) if html_path else None})

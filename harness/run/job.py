@@ -11,26 +11,24 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import rundir
 from harness.rundir import write_atomic
-from harness.run import claim, outcome, preflight, signals
 from harness.run import record as rec
+from harness.run.ending import (Ending, claim_path, console, failure, held_by, holder_line, print_table,
+                                 received)
+from harness.run.record import Status, results_problem
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
 
-# Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
-console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 GiB = 1024**3
 
 
@@ -64,65 +62,141 @@ def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str) -> Path:
     return d
 
 
-def run_job(cfg: DictConfig) -> dict:
-    """Hydra task function: run one config and return its record."""
+class Task:
+    """The Hydra task function, bound to the invocation's Ending: the sweeper and the launchers reach
+    it here (Hydra hands them the task function), so nothing passes between them through globals."""
+
+    def __init__(self, ending: Ending | None = None):
+        self.ending = ending or Ending()
+
+    def __call__(self, cfg: DictConfig) -> dict | None:
+        return run_job(cfg, self.ending)
+
+
+def run_job(cfg: DictConfig, ending: Ending | None = None) -> dict | None:
+    """Run one config and return its record (None when another invocation holds it, or no record
+    can go anywhere). A task that raises (a bug, a disk that is full) ends as a `failed` record."""
+    ending = ending or Ending()
     t0 = time.monotonic()
     raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)
-    unsafe = preflight.results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", "adhoc")))
+    unsafe = results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", "adhoc")))
     if unsafe:  # no record: there is no safe file to put it in
-        outcome.note("invalid")
+        ending.note(Status.INVALID)
         console.print(f"[yellow]invalid[/] {escape(unsafe)}", highlight=False, soft_wrap=True)
         return None
+    at = _Where(raw)
+    try:
+        return _run(cfg, ending, at, t0)
+    except Exception as e:  # noqa: BLE001 - the one rule for a task that raised (harness/run/ending.py)
+        if at.ended:
+            raise  # its record is written: never a second one
+        status, error = failure(e)
+        record = rec.make_record(at.config, at.run, at.dims, status, error, predicted=at.predicted,
+                                 run_dir=at.run_dir, wall_s=time.monotonic() - t0)
+        return _finish(record, at.run, None, at.label, ending, at)
+
+
+class _Where:
+    """How far a job got, so that a task that raised still ends in a record with what is known."""
+
+    def __init__(self, raw: dict):
+        self.config, self.run, self.dims, self.predicted, self.run_dir = raw, None, None, None, None
+        self.label, self.ended = "", False
+
+
+def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         raw.pop("hydra", None)
+        at.config = raw
         run = to_run_config(cfg)
         config = as_dict(run)
     except Exception as e:  # noqa: BLE001 - a type error in an override is an invalid config
-        record = rec.make_record(raw, None, None, "invalid", f"{type(e).__name__}: {e}")
-        return _finish(record, raw.get("results_dir", "results"), None, None)
+        record = rec.make_record(at.config, None, None, Status.INVALID, f"{type(e).__name__}: {e}")
+        return _finish(record, None, None, "", ending, at)
+    at.config, at.run = config, run
 
-    # a named study: one invocation runs a config at a time (harness/run/claim.py); not inside a SLURM
-    # job, where every node's task runs this function for the same run
-    if run.study != "adhoc" and not _slurm_job(run):
-        held = claim.take(run.results_dir, run.study, rec.run_id(config))
+    # a named study: one invocation runs a config at a time (harness/run/ending.py)
+    if run.study != "adhoc":
+        held = _claim(run, rec.run_id(config), ending)
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
             return None
     done = rec.already_done(config, run)
     if done is not None:
-        claim.release(done["run_id"])
-        outcome.note(done["status"], run.allow_failures)
+        ending.release(done["run_id"])
+        done = {**done, "skipped": True}
+        ending.count(done)
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
                       f"in {rec.records_path(run.results_dir, run.study)}[/]")
-        return {**done, "skipped": True}
+        return done
 
     try:
         dims, predicted = _plan(run)
     except ConfigError as e:
-        dims_or_none = _dims_if_valid(run)
-        record = rec.make_record(config, run, dims_or_none, "invalid", str(e))
-        return _finish(record, run.results_dir, run, None)
-    if signals.received():  # the parent was asked to stop: start nothing new (the sweep stops too)
-        claim.release(rec.run_id(config))
-        return None
-
+        record = rec.make_record(config, run, _dims_if_valid(run), Status.INVALID, str(e))
+        return _finish(record, run, None, "", ending, at)
+    at.dims, at.predicted = dims, predicted
     label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
+    at.label = label
+    if received():  # the parent was asked to stop before this run was launched: it ends here
+        record = rec.make_record(config, run, dims, Status.INTERRUPTED,
+                                 f"brigade received {received()} before the run was launched; nothing was started",
+                                 predicted=predicted, wall_s=time.monotonic() - t0)
+        return _finish(record, run, None, label, ending, at)
+
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
     slurm_job = _slurm_job(run)
     # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
     # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
     # its files are written atomically (all nodes write the same content; workers read them).
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
+    at.run_dir = run_dir
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
     rec.start_git_probe()
-    status, error, measured, env = _launch_and_collect(run, dims, run_dir, label)
+    status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, ending)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
     record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
-    return _finish(record, run.results_dir, run, run_dir, label)
+    return _finish(record, run, run_dir, label, ending, at)
+
+
+def _claim(run: RunConfig, run_id: str, ending: Ending) -> str | None:
+    """Claim the run_id as a local run does; None when this process may run it, else why not.
+
+    In a SLURM job (launcher=slurm) task 0 claims it. The invocation that submitted the job holds the
+    claim for it until the job ends (hydra_plugins/brigade_slurm), so a claim held "as SLURM job <this
+    job>" is this job's: it goes on, and takes the claim over should that invocation die. Any other
+    holder is another brigade running it. The other nodes' tasks run the job function too: they go on
+    when the claim is this job's, and stop when another brigade holds it, as task 0 does."""
+    job = _slurm_job(run)
+    if not job:
+        line = ending.claim(run.results_dir, run.study, run_id)
+        return line and held_by(line, run.results_dir, run.study, run_id)
+    from launch.slurm import SUBMITTED, SUBMITTING, task_rank
+
+    mine = (f"{SUBMITTED} {job}", f"in SLURM job {job}")
+    if task_rank() == 0:
+        line = ending.claim(run.results_dir, run.study, run_id, mine[1],
+                            wait_while=lambda line: line.endswith(SUBMITTING))  # the job id is being written
+        if line and line.endswith(mine[0]):
+            ending.inherit(run.results_dir, run.study, run_id, mine[1])
+            return None
+    else:
+        line = _holder_once_settled(claim_path(run.results_dir, run.study, run_id), SUBMITTING)
+        line = "" if line.endswith(mine) else line
+    return line and held_by(line, run.results_dir, run.study, run_id)
+
+
+def _holder_once_settled(path: Path, unsettled: str, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    line = holder_line(path)
+    while (line == "?" or line.endswith(unsettled)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        line = holder_line(path)
+    return line
 
 
 def _task_overrides() -> list[str]:
@@ -163,13 +237,13 @@ def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
         return None
 
 
-def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str):
+def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str, ending: Ending):
     import importlib
 
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
     log_path = run_dir / rundir.WORKERS_LOG
     progress_file = run_dir / rundir.PROGRESS
-    with _progress(label) as (bar, task):
+    with _progress(label, ending) as (bar, task):
         def on_poll():
             try:
                 done, total = map(int, progress_file.read_text().split())
@@ -203,61 +277,55 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
     return ("diverged" if diverged else "ok"), diverged, measured, environment(measurement["ranks"])
 
 
-def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path | None, label: str = "") -> dict:
+def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: str, ending: Ending,
+            at: _Where) -> dict:
     if run is not None and _slurm_job(run):
         from launch.slurm import task_rank
 
         if task_rank() != 0:  # launcher=slurm: the other nodes' tasks ran their ranks; task 0 records
             return record
-    log_wandb = run is not None and run_dir is not None and record["status"] == "ok" and run.logger.name == "wandb"
-    if log_wandb:
-        from harness.run.wandb_log import run_identity
-
-        record["wandb"] = run_identity(record, run_dir, run.logger, label)  # known before logging: written with the record
-    path = rec.records_path(results_dir, record["study"])
-    try:
-        rec.append(path, record)  # the record first: W&B can never lose it
-    except OSError as e:  # all or nothing: nothing of it is in the file
-        claim.release(record["run_id"])
-        outcome.note("unrecorded")
-        console.print(f"[red]NOT RECORDED[/] {record['strategy']} {record['run_id']} ({record['status']}): "
-                      f"appending to {path} failed: {escape(str(e))}")
-        return record
-    claim.release(record["run_id"])
-    outcome.note(record["status"], run is not None and run.allow_failures)
-    if log_wandb:
-        from harness.run.wandb_log import log_record
-
-        log_record(record, run_dir, run.logger, job_type=run.launcher.name)
-    _print_summary(record, label or base_label(record))
-    if "BRIGADE_SWEEP_TOTAL" not in os.environ:  # one run, no sweep: it ends here, so say where things are
-        _single_run_ending(record, results_dir, run_dir, label or base_label(record))
+    label = label or base_label(record)
+    at.ended = True
+    if run is not None and run_dir is not None and record["status"] == Status.OK and run.logger.name == "wandb":
+        _log_wandb(record, run, run_dir, label, ending)
+    else:
+        ending.end(record, label, _results_dir(record))
+    if ending.sweep_total is None:  # one run, no sweep: it ends here, so say where things are
+        _single_run_ending(record, run_dir, label)
     return record
 
 
-def _print_summary(record: dict, label: str) -> None:
-    style = {"ok": "green", "invalid": "yellow"}.get(record["status"], "red")
-    m = record.get("measured") or {}
-    if record["status"] != "ok":
-        detail = escape((record.get("error") or "")[:300])
-    elif m.get("kind") == "dryrun":  # launcher=dryrun: memory only (harness/collect/dryrun.py)
-        p = record.get("predicted") or {}
-        detail = (f"dry run of ranks {m['dryrun_ranks']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
-                  f"(predicted {p.get('model_states_bytes', 0) / GiB:.2f}), peak {m.get('peak_mem_bytes', 0) / GiB:.2f} "
-                  f"GiB (predicted {p.get('peak_mem_bytes', 0) / GiB:.2f}) per rank")
+def _log_wandb(record: dict, run: RunConfig, run_dir: Path, label: str, ending: Ending) -> None:
+    """W&B first, then the record: it names the W&B run only once that run exists, and says why not
+    when logging failed. Interrupted while logging (a second Ctrl-C), the record is still written."""
+    from harness.run.wandb_log import log_record, run_identity
+
+    ident = run_identity(record, run_dir, run.logger, label)
+    try:
+        error = log_record(record, ident, run_dir, run.logger, job_type=run.launcher.name)
+    except BaseException as e:
+        record["wandb_error"] = f"W&B logging interrupted ({type(e).__name__})"
+        ending.end(record, label, _results_dir(record))
+        raise
+    if error is None:
+        record["wandb"] = ident
     else:
-        detail = f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
-    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)} [dim]{record['run_id']}[/] {detail}")
+        record["wandb_error"] = error
+    ending.end(record, label, _results_dir(record))
 
 
-def _single_run_ending(record: dict, results_dir: str, run_dir: Path | None, label: str) -> None:
+def _results_dir(record: dict) -> str:
+    return str((record.get("config") or {}).get("results_dir", "results"))
+
+
+def _single_run_ending(record: dict, run_dir: Path | None, label: str) -> None:
     """The end of a run started without -m: its one-row table, the record, the run dir and W&B run."""
-    from harness.run.table import print_table
-
     print_table([record], f"run {record['run_id']}", console, names=[label])
-    path = rec.records_path(results_dir, record["study"])
+    path = rec.records_path(_results_dir(record), record["study"])
     lines = [f"record: {path} (run_id {record['run_id']})"] + ([f"run dir: {run_dir}"] if run_dir else [])
     w = record.get("wandb")
+    if record.get("wandb_error"):
+        lines.append(f"W&B: not logged ({record['wandb_error']})")
     if w:
         lines.append(f"W&B: {w['mode']} run '{w['name']}' (id {w['id']}, group {w['group']}) in {w['dir']}"
                      + (" (upload later with `wandb sync <dir>/offline-run-*`)" if w["mode"] == "offline" else ""))
@@ -269,16 +337,14 @@ def _single_run_ending(record: dict, results_dir: str, run_dir: Path | None, lab
 class _progress:
     """Steps of the current run, under the sweep's own bar when a sweep is running."""
 
-    def __init__(self, label: str):
-        self.label = label
+    def __init__(self, label: str, ending: Ending):
+        self.label, self.ending = label, ending
 
     def __enter__(self):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=True)
-        total = int(os.environ.get("BRIGADE_SWEEP_TOTAL", "0"))
-        if total:
-            num = int(os.environ.get("BRIGADE_SWEEP_DONE", "0"))
-            self.bar.add_task("sweep", total=total, completed=num)
+        if self.ending.sweep_total:
+            self.bar.add_task("sweep", total=self.ending.sweep_total, completed=self.ending.sweep_done)
         task = self.bar.add_task(f"  {self.label} steps", total=None)
         self.bar.start()
         return self.bar, task

@@ -21,9 +21,12 @@ import json
 import os
 import platform
 import socket
+import re
 import subprocess
+import tempfile
 import time
 import warnings
+from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -32,7 +35,21 @@ from harness.collect.fidelity import ratios as fidelity_ratios
 REPO = Path(__file__).resolve().parents[2]
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "invalid", "failed", "timeout", "oom", "diverged", "interrupted")
+
+
+class Status(StrEnum):
+    """A record's status: the one list of them (results/README.md says what each means)."""
+    OK = "ok"
+    INVALID = "invalid"  # refused before launch
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    DIVERGED = "diverged"  # ran to the end with a non-finite loss
+    INTERRUPTED = "interrupted"  # brigade got SIGTERM/SIGINT/SIGHUP
+
+
+FAILURES = frozenset({Status.FAILED, Status.TIMEOUT, Status.OOM, Status.DIVERGED})  # launched, not ok: exit 1
+UNFINISHED = frozenset({Status.INVALID, Status.INTERRUPTED})  # never ran to an end: a resumed study runs them
 
 
 def run_id(config: dict) -> str:
@@ -89,9 +106,36 @@ def records_path(results_dir: str | Path, study: str) -> Path:
     return Path(results_dir) / f"{study}.jsonl"
 
 
+# Letters, digits, _ . - and no leading dot: a study names <results_dir>/<study>.jsonl and
+# <results_dir>/runs/<study>/, so it must stay one plain entry inside results_dir.
+_SAFE_STUDY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+
+
+def study_problem(study: str) -> str | None:
+    if _SAFE_STUDY.fullmatch(study):
+        return None
+    return (f"study {study!r} is not a safe name: letters, digits, '_', '.', '-' (1-128, no leading dot); "
+            f"it names <results_dir>/<study>.jsonl")
+
+
+def results_problem(results_dir: str, study: str) -> str | None:
+    """One line saying why records cannot go to <results_dir>/<study>.jsonl, or None."""
+    problem = study_problem(study)
+    if problem or not results_dir:
+        return problem or "results_dir is empty: give a directory for the records"
+    try:
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".brigade-probe-", dir=results_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"results_dir {results_dir!r} is not a writable directory: {e.strerror or e} ({e.filename or results_dir})"
+    return None
+
+
 def append(path: Path, record: dict) -> None:
     """Append one record as one line, all or nothing (raises OSError when it could not be written)."""
-    assert record["status"] in STATUSES, record["status"]
+    assert record["status"] in set(Status), record["status"]
     line = (json.dumps(finite(record), default=str, allow_nan=False) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -220,7 +264,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
         "measured": measured or {},
         "predicted": predicted or {},
         # measured/predicted for every metric both have (harness/collect/fidelity.py); W&B logs fidelity/*
-        "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == "ok" else {},
+        "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == Status.OK else {},
     }
 
 
@@ -231,8 +275,8 @@ def already_done(config: dict, run) -> dict | None:
     if run.study == "adhoc" or run.rerun == "all":
         return None
     done = latest_by_run_id(read(records_path(run.results_dir, run.study))).get(run_id(config))
-    if done is None or done["status"] in ("invalid", "interrupted"):
+    if done is None or done["status"] in UNFINISHED:
         return None
-    if run.rerun == "failed" and done["status"] != "ok":
+    if run.rerun == "failed" and done["status"] != Status.OK:
         return None
     return done

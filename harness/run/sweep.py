@@ -5,43 +5,28 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
-from harness.run import outcome, signals
 from harness.run import record as rec
-from harness.run.job import console
+from harness.run.ending import Ending, console, failure, print_table, received
+from harness.run.record import Status
 
 
 def _base(config: DictConfig) -> tuple[str, str]:
     return str(config.get("results_dir", "results")), str(config.get("study", "adhoc"))
 
 
-def _append(results_dir: str, record: dict, label: str) -> dict:
-    try:
-        rec.append(rec.records_path(results_dir, record["study"]), record)
-    except OSError as e:
-        outcome.note("unrecorded")
-        console.print(f"[red]NOT RECORDED[/] {escape(label)} ({record['status']}): {escape(str(e))}")
-        return record
-    cfg = record.get("config") or {}  # a composition failure has only its overrides
-    relaxed = bool(cfg.get("allow_failures")) or "allow_failures=true" in (cfg.get("overrides") or [])
-    outcome.note(record["status"], relaxed)
-    style = "yellow" if record["status"] == "invalid" else "red"
-    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)}: {escape(' '.join((record['error'] or '').split())[:300])}")
-    return record
-
-
-def composition_failure(config: DictConfig, overrides: list[str], error: Exception) -> dict:
+def composition_failure(ending: Ending, config: DictConfig, overrides: list[str], error: Exception) -> dict:
     """A job Hydra cannot compose (unknown option, bad type): an invalid record with Hydra's message."""
     results_dir, study = _base(config)
     strategy = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "strategy"), None)
     cfg = {"study": study, "overrides": list(overrides), "strategy": {"name": strategy}}
-    return _append(results_dir, rec.make_record(cfg, None, None, "invalid", f"{type(error).__name__}: {error}"),
-                   " ".join(overrides))
+    return ending.end(rec.make_record(cfg, None, None, Status.INVALID, f"{type(error).__name__}: {error}"),
+                      " ".join(overrides), results_dir)
 
 
-def launcher_failure(job_cfg: DictConfig, error: Exception, status: str | None = None) -> dict:
-    """A job the launcher reports failed before it wrote a record (e.g. killed by SLURM). The job's
-    config is composed here as in the job, so the record has the run_id a resumed study looks for.
-    `status` when the launcher knows it (SLURM's job state); else guessed from the error text."""
+def unlaunched(ending: Ending, job_cfg: DictConfig, status: Status, error: str) -> dict:
+    """A job that ended without writing its record: killed by SLURM (`failed`/`timeout`), or not
+    launched because brigade was signalled (`interrupted`). Its config is composed here as in the
+    job, so the record has the run_id a resumed study looks for."""
     from harness.config import as_dict, to_run_config
     from harness.validate import validate
 
@@ -51,14 +36,17 @@ def launcher_failure(job_cfg: DictConfig, error: Exception, status: str | None =
         dims = validate(run)
     except Exception:  # noqa: BLE001
         dims = None
-    text = f"{type(error).__name__}: {str(error)[:2000]}"
-    status = status or ("timeout" if "timeout" in text.lower() else "failed")
-    return _append(run.results_dir, rec.make_record(config, run, dims, status, text), run.strategy.name)
+    return ending.end(rec.make_record(config, run, dims, status, error), run.strategy.name, run.results_dir)
+
+
+def launcher_failure(ending: Ending, job_cfg: DictConfig, error: BaseException, status: Status | None = None) -> dict:
+    """A job the launcher reports failed before it wrote a record, by the rule every job that raised
+    follows (ending.failure); `status` when the launcher knows better (SLURM's job state)."""
+    rule_status, text = failure(error)
+    return unlaunched(ending, job_cfg, status or rule_status, text)
 
 
 def finish_study(config: DictConfig, records: list[dict]) -> None:
-    from harness.run.table import print_table
-
     results_dir, study = _base(config)
     print_table(records, f"study {study}: {len(records)} runs", console)
     console.print(f"records: {rec.records_path(results_dir, study)}")
@@ -66,7 +54,7 @@ def finish_study(config: DictConfig, records: list[dict]) -> None:
     if logged:
         console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{logged[0]['group']}' under "
                       f"{results_dir}/runs/{study}/*/wandb (upload later with `wandb sync <dir>/offline-run-*`)")
-    if config.get("report", True) and not signals.received():  # interrupted: the user wants out now
+    if config.get("report", True) and not received():  # interrupted: the user wants out now
         write_report(config, results_dir, study, records)
 
 

@@ -2,7 +2,8 @@
 
 Offline unless the user says otherwise (WANDB_MODE wins over logger.mode); every W&B file lives under
 the run directory (WANDB_DIR and friends), nothing in the home directory. A W&B failure is reported
-and swallowed: the local record is written first and never depends on W&B.
+and swallowed: the local record never depends on W&B. It is appended after logging, so it names its
+W&B run (`wandb`) only once that run exists, and says why not (`wandb_error`) when logging failed.
 
 Identity: the run id is unique per attempt (study, run_id and a random part), so W&B runs from two
 results dirs or machines synced into one project never collide; the group is the study, and for
@@ -52,9 +53,8 @@ def run_identity(record: dict, run_dir: Path, logger_cfg, name: str) -> dict:
             "mode": os.environ.get("WANDB_MODE", logger_cfg.mode), "dir": str(Path(run_dir) / "wandb")}
 
 
-def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> bool:
-    """Log one record as a W&B run (identity from record["wandb"]). False if logging failed."""
-    ident = record.get("wandb") or run_identity(record, run_dir, logger_cfg, Path(run_dir).name)
+def log_record(record: dict, ident: dict, run_dir: Path, logger_cfg, job_type: str) -> str | None:
+    """Log one record as the W&B run `ident` (run_identity); None once that run exists, else why not."""
     os.environ.update(wandb_env(run_dir, logger_cfg.mode))
     try:
         import wandb
@@ -75,7 +75,7 @@ def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> bool:
             summary.update({f"{prefix}/{k}": v for k, v in _scalars(record.get(prefix) or {}).items()})
         run.summary.update(summary)
         run.finish()
-        return True
+        return None
     except Exception as e:  # noqa: BLE001 - W&B must never lose a local record
         print(f"W&B logging failed ({type(e).__name__}: {e}); the local record is unaffected")
-        return False
+        return f"W&B logging failed: {type(e).__name__}: {str(e)[:500]}"

@@ -40,11 +40,15 @@ class GradDump:
         optimizer.step = step  # an instance attribute: shadows the class's step() for this object only
 
     def _dump(self, strategy) -> None:
+        import io
+
         import torch
 
-        tmp = self.path.with_name(f".{self.path.name}.tmp")  # written whole or not at all
-        torch.save(strategy.full_gradients(), tmp)
-        os.replace(tmp, self.path)
+        from harness.rundir import write_atomic
+
+        buf = io.BytesIO()
+        torch.save(strategy.full_gradients(), buf)
+        write_atomic(self.path, buf.getvalue())
 
     def before_step(self, step: int) -> None:
         pass

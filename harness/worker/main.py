@@ -168,7 +168,7 @@ def _run(run_dir: Path, rank: int) -> None:
 
     def progress(done: int, total: int) -> None:
         if rank == 0:
-            progress_file.write_text(f"{done} {total}")
+            write_atomic(progress_file, f"{done} {total}")  # outside the timed region (loop.py)
 
     from harness.worker.hooks import make_hooks
 

@@ -18,8 +18,10 @@ from typing import Any, Sequence
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 
+from harness.run.ending import held_by
 from harness.run.record import already_done, read, records_path
-from launch.slurm import SlurmJobFailed, SlurmJobSignalled, _minutes_left, job_resources, slurm_job_id
+from launch.slurm import (SUBMITTED, SUBMITTING, SlurmJobFailed, SlurmJobSignalled, _minutes_left, job_resources,
+                          slurm_job_id)
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +38,34 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
         assert self.config is not None and self.hydra_context is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        ending = self.task_function.ending
         returns: list = [None] * len(job_overrides)
         queue: list[tuple[int, str]] = []  # (job index, its resources as a key), in sweep order
         composed: dict[int, Any] = {}
+        claimed: dict[int, str] = {}  # job index -> the run_id this process holds until SLURM runs it
         for i, overrides in enumerate(job_overrides):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             task_cfg = _task_cfg(cfg)
+            # Claimed before the resume check, as a local run is, and held for the job until it ends
+            # (its task 0 takes it over if this process dies): another invocation of the study
+            # neither submits nor runs it meanwhile.
+            held, run_id = _claim(ending, task_cfg)
+            if held:
+                from harness.run.ending import console
+
+                console.print(f"[dim]skip {run_id}: {held}[/]")
+                returns[i] = JobReturn(overrides=list(overrides), cfg=task_cfg, status=JobStatus.COMPLETED,
+                                       _return_value=None)
+                continue
             resources = _resources_or_none(task_cfg)
             if resources is None:  # a skip or an invalid config: recorded here, nothing to submit
-                from harness.run.job import run_job
-
+                ending.release(run_id)  # the task claims it itself
                 returns[i] = JobReturn(overrides=list(overrides), cfg=task_cfg, status=JobStatus.COMPLETED,
-                                       _return_value=run_job(task_cfg))
+                                       _return_value=self.task_function(task_cfg))
                 continue
             composed[i] = task_cfg
+            if run_id:
+                claimed[i] = run_id
             queue.append((i, json.dumps(resources, sort_keys=True)))
 
         # One sbatch per config, at most `array_parallelism` of this sweep's jobs queued or running
@@ -71,11 +87,15 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
                         job = executor.submit(self, list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i,
                                               f"job_id_for_{i}", Singleton.get_state())
                     except Exception as e:  # noqa: BLE001 - sbatch refused (too many CPUs, bad partition)
+                        ending.release(claimed.pop(i, ""))
                         returns[i] = _failed(job_overrides[i], SlurmJobFailed(f"sbatch refused the job: {e}"))
                         continue
+                    if i in claimed:
+                        ending.relabel(claimed[i], f"{SUBMITTED} {job.job_id}")
                     in_flight.append((i, job))
                 for i, job in self._finished(in_flight):
                     in_flight.remove((i, job))
+                    ending.release(claimed.pop(i, ""))
                     returns[i] = self._outcome(job, job_overrides[i], composed[i])
                 if in_flight:
                     time.sleep(self.poll_s)
@@ -83,6 +103,9 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             for _, job in in_flight:
                 job.cancel(check=False)
             raise
+        finally:
+            for run_id in claimed.values():
+                ending.release(run_id)
         return returns
 
     def _executor(self, resources: dict):
@@ -131,9 +154,11 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             timed_out = state.startswith("TIMEOUT")
         record = _record_of_job(task_cfg, job.job_id)
         if record is None:  # the usual case; else the task wrote it and was killed before returning
+            from harness.run.record import Status
             from harness.run.sweep import launcher_failure
 
-            record = launcher_failure(task_cfg, error, status="timeout" if timed_out else "failed")
+            record = launcher_failure(self.task_function.ending, task_cfg, error,
+                                      status=Status.TIMEOUT if timed_out else Status.FAILED)
         return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -164,6 +189,23 @@ def _task_cfg(cfg):
     from omegaconf import OmegaConf
 
     return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+
+
+def _claim(ending, task_cfg) -> tuple[str | None, str]:
+    """(who holds it, or None once this process holds it for submission; its run_id, "" if none:
+    an ad-hoc run, or a config the task function will refuse)."""
+    from harness.config import as_dict, to_run_config
+    from harness.run.record import run_id
+
+    try:
+        run = to_run_config(task_cfg)
+    except Exception:  # noqa: BLE001 - a type error in an override: run_job records it as invalid
+        return None, ""
+    if run.study == "adhoc":
+        return None, ""
+    rid = run_id(as_dict(run))
+    line = ending.claim(run.results_dir, run.study, rid, SUBMITTING)
+    return (held_by(line, run.results_dir, run.study, rid) if line else None), rid
 
 
 def _resources_or_none(task_cfg) -> dict | None:

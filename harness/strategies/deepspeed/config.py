@@ -22,6 +22,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from harness.rundir import write_atomic
+
 # DeepSpeed's dynamic fp16 loss scaling defaults (loss_scale 0 = dynamic), stated so the JSON is explicit
 FP16_SECTION = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                 "hysteresis": 2, "min_loss_scale": 1}
@@ -84,7 +86,7 @@ def build(run, dp: int, num_microbatches: int) -> dict:
 
 def write(cfg: dict, run_dir) -> Path:
     path = Path(run_dir) / "deepspeed_config.json"
-    path.write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    write_atomic(path, json.dumps(cfg, indent=1, sort_keys=True))
     return path
 
 

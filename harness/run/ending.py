@@ -1,0 +1,275 @@
+"""How a run ends, for the parent process: the one place that ends a run (Ending.end: append its
+record, release its claim, note its outcome, print its line), the invocation's exit status, the
+claim on a run_id, the parent's termination signals, and the results table.
+
+One Ending per invocation, made by the CLI and handed to the task function (harness.run.job.Task),
+through which the sweeper and the launchers reach it: no state between them in module globals or
+environment variables. A job called without one (tests, tools) gets its own.
+
+Exit status (so scripts and CI can tell):
+
+    0  every run ok (or skipped as already ok)
+    2  some run invalid (refused before launch), none worse
+    1  some run failed | timeout | oom | diverged | interrupted, or a record could not be written
+
+`allow_failures=true` (a sweep that expects some runs to fail or be refused, e.g. an OOM frontier)
+exits 0 once every run has its record; an interrupted invocation or a lost record still exits 1.
+
+Signals (SIGTERM, SIGINT, SIGHUP) are noted, not acted on where they land. A signal that raised
+wherever the parent happened to be (composing, appending a record) could leave half a record or
+orphaned ranks. Instead the handler notes it; the launcher's poll loop sees it within one poll, ends
+every process of the run in flight (launch/local.py), the run is recorded as `interrupted`, and the
+sweep starts no further run. A second signal of the same kind raises KeyboardInterrupt at once, for
+a user who insists (the launcher still ends the ranks on the way out).
+
+A claim is an exclusive, non-blocking flock on <results_dir>/runs/<study>/.claims/<run_id>.lock, held
+from before the resume check until the record is written, so two invocations of the same named study
+never run one config twice. The kernel drops it when its process dies, however it dies, so a claim is
+never stale; the files stay (removing a lock file while another process opens it would let two claims
+coexist).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.labels import labels
+from harness.report.fmt import nbytes
+from harness.run import record as rec
+from harness.run.record import FAILURES, Status
+
+# Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+GiB = 1024**3
+UNRECORDED = "unrecorded"  # an outcome, not a status: the record could not be written
+
+
+class Ending:
+    """This invocation's runs as they end, and what its exit status is therefore."""
+
+    def __init__(self):
+        self.outcomes: list[tuple[str, bool]] = []  # (status or UNRECORDED, allow_failures)
+        self.ended: list[dict] = []  # the records ended here (a SLURM job's come back from elsewhere)
+        self.claims: dict[str, int] = {}  # run_id -> fd of its lock file
+        self.sweep_total: int | None = None  # set by the sweeper: jobs then print no single-run ending
+        self.sweep_done = 0  # runs of the sweep ended before the current one (its progress bar)
+
+    def __getstate__(self):  # pickled into a SLURM job: a claim's fd belongs to this process
+        return {**self.__dict__, "claims": {}, "outcomes": [], "ended": []}
+
+    def end(self, record: dict, label: str, results_dir: str) -> dict:
+        """The one place a run ends: its record appended (all or nothing), its claim released, its
+        outcome noted for the exit status, its line printed. A record that cannot be written is said
+        (NOT RECORDED) and makes the invocation exit 1."""
+        path = rec.records_path(results_dir, record["study"])
+        try:
+            rec.append(path, record)
+        except OSError as e:  # all or nothing: nothing of it is in the file
+            self.outcomes.append((UNRECORDED, False))
+            console.print(f"[red]NOT RECORDED[/] {escape(label)} {record['run_id']} ({record['status']}): "
+                          f"appending to {path} failed: {escape(str(e))}")
+        else:
+            self.count(record)
+            print_summary(record, label)
+        finally:
+            self.release(record["run_id"])
+        return record
+
+    def count(self, record: dict) -> None:
+        """Note a record's outcome once: ended here, skipped as done, or returned by a SLURM job."""
+        if not any(r is record for r in self.ended):
+            self.ended.append(record)
+            self.outcomes.append((record["status"], relaxed(record)))
+
+    def exit_status(self) -> int:
+        if received() or any(s in (Status.INTERRUPTED, UNRECORDED) for s, _ in self.outcomes):
+            return 1
+        sweep_relaxed = any(r for _, r in self.outcomes)  # allow_failures is one setting per invocation
+        if any(s in FAILURES and not (r or sweep_relaxed) for s, r in self.outcomes):
+            return 1
+        if any(s == Status.INVALID and not (r or sweep_relaxed) for s, r in self.outcomes):
+            return 2
+        return 0
+
+    def note(self, status: str) -> None:
+        """An outcome with no record to count (a results_dir no record can go to)."""
+        self.outcomes.append((status, False))
+
+    def interrupted(self) -> bool:
+        return any(s == Status.INTERRUPTED for s, _ in self.outcomes)
+
+    def claim(self, results_dir: str, study: str, run_id: str, holder: str = "running it",
+              wait_while=None, timeout_s: float = 60.0) -> str | None:
+        """Claim run_id, saying what this process does with it (`holder`); None when claimed now,
+        else the holder's line ("<pid> <what it does with it>"). wait_while(line): keep trying while
+        it is true (a SLURM job whose submitter is still writing the job's id), up to timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fd, line = take_claim(results_dir, study, run_id, holder)
+            if fd is not None:
+                self.claims[run_id] = fd
+                return None
+            if wait_while is None or not wait_while(line) or time.monotonic() > deadline:
+                return line
+            time.sleep(0.5)
+
+    def inherit(self, results_dir: str, study: str, run_id: str, holder: str) -> None:
+        """Hold run_id's claim as soon as its holder lets go: a SLURM job whose submitting invocation
+        holds the claim for it, and would leave it unheld if it died while the job runs."""
+        fd = os.open(claim_path(results_dir, study, run_id), os.O_RDWR | os.O_CREAT, 0o644)
+        self.claims[run_id] = fd
+
+        def wait() -> None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the submitter lets go (or dies)
+                _write_holder(fd, holder)
+            except OSError:
+                pass  # released meanwhile: the run ended
+
+        threading.Thread(target=wait, daemon=True, name=f"claim-{run_id}").start()
+
+    def relabel(self, run_id: str, holder: str) -> None:
+        """Say what this process now does with a claim it holds (e.g. which SLURM job runs it)."""
+        fd = self.claims.get(run_id)
+        if fd is not None:
+            _write_holder(fd, holder)
+
+    def release(self, run_id: str) -> None:
+        fd = self.claims.pop(run_id, None)
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+
+def relaxed(record: dict) -> bool:
+    """allow_failures, as the record's config says (a composition failure has only its overrides)."""
+    cfg = record.get("config") or {}
+    return bool(cfg.get("allow_failures")) or "allow_failures=true" in (cfg.get("overrides") or [])
+
+
+def failure(error: BaseException) -> tuple[Status, str]:
+    """The one rule for a job that raised instead of ending (a bug, a full disk, a SLURM job killed
+    without a record): `failed`, or `timeout` when its time limit ended it; the error says where."""
+    import traceback
+
+    where = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+    at = f" (at {where[0].filename}:{where[0].lineno} in {where[0].name})" if where else ""
+    status = Status.TIMEOUT if getattr(error, "timed_out", False) else Status.FAILED
+    return status, f"{type(error).__name__}: {str(error)[:2000]}{at}"
+
+
+def claim_path(results_dir: str, study: str, run_id: str) -> Path:
+    return Path(results_dir) / "runs" / study / ".claims" / f"{run_id}.lock"
+
+
+def take_claim(results_dir: str, study: str, run_id: str, holder: str) -> tuple[int | None, str]:
+    """(fd holding the claim, ""), or (None, the holder's line: "<pid> <what it does with it>")."""
+    path = claim_path(results_dir, study, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        line = holder_line(path)
+        os.close(fd)
+        return None, line
+    try:
+        _write_holder(fd, holder)
+    except OSError:
+        os.close(fd)  # e.g. a full disk: the claim is not kept half-made
+        raise
+    return fd, ""
+
+
+def held_by(line: str, results_dir: str, study: str, run_id: str) -> str:
+    """A claim's holder, said as a line to print."""
+    return f"another brigade (pid {line}) holds it ({claim_path(results_dir, study, run_id)})"
+
+
+def holder_line(path: Path) -> str:
+    """What the last holder of a claim said it does with it (read without the lock)."""
+    try:
+        return path.read_text(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _write_holder(fd: int, holder: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
+
+
+# A signal handler belongs to the process, not to an invocation: the one piece of module state here.
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_received: list[int] = []
+
+
+def install_signals() -> None:
+    """Called once by the CLI's process (only the main thread may set handlers)."""
+    for sig in HANDLED:
+        signal.signal(sig, _note)
+
+
+def _note(signum, frame) -> None:
+    if signum in _received:
+        raise KeyboardInterrupt(f"second {signal.Signals(signum).name}")
+    _received.append(signum)
+
+
+def received() -> str | None:
+    """The name of the first termination signal this process got (SIGTERM, ...), or None."""
+    return signal.Signals(_received[0]).name if _received else None
+
+
+def print_summary(record: dict, label: str) -> None:
+    """One line per ended run: its status, what it was, and its figures or its error."""
+    m = record.get("measured") or {}
+    if record["status"] != Status.OK:
+        detail = escape(" ".join((record.get("error") or "").split())[:300])
+    elif m.get("kind") == "dryrun":  # launcher=dryrun: memory only (harness/collect/dryrun.py)
+        p = record.get("predicted") or {}
+        detail = (f"dry run of ranks {m['dryrun_ranks']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
+                  f"(predicted {p.get('model_states_bytes', 0) / GiB:.2f}), peak {m.get('peak_mem_bytes', 0) / GiB:.2f} "
+                  f"GiB (predicted {p.get('peak_mem_bytes', 0) / GiB:.2f}) per rank")
+    else:
+        detail = f"step {m['step_time_s']:.3f} s, {m['tokens_per_s']:.0f} tokens/s"
+    style = STATUS_STYLE[record["status"]]
+    console.print(f"[{style}]{record['status']:>7}[/] {escape(label)} [dim]{record['run_id']}[/] {detail}")
+
+
+STATUS_STYLE = {Status.OK: "green", Status.INVALID: "yellow", Status.FAILED: "red", Status.TIMEOUT: "red",
+                Status.OOM: "magenta", Status.DIVERGED: "red", Status.INTERRUPTED: "red"}
+
+
+def results_table(records: list[dict], title: str, names: list[str] | None = None) -> Table:
+    """names: what to call each run (default: labels that tell the records apart)."""
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("run", "batch", "step s", "pred s", "tokens/s", "MFU %", "states/rank", "pred", "status"):
+        t.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=col != "status")
+    for r, label in zip(records, names or labels(records)):
+        m, p = r.get("measured") or {}, r.get("predicted") or {}
+        status = r["status"]
+        note = "" if status == "ok" else f" {escape((r.get('error') or '')[:90])}"
+        batch = (r.get("config") or {}).get("workload", {}).get("global_batch_size")  # tells weak from strong scaling
+        t.add_row(escape(label), _fmt(batch, "{}"),
+                  _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
+                  _fmt(m.get("tokens_per_s"), "{:.0f}"), _fmt(m.get("mfu_pct"), "{:.1f}"),
+                  nbytes(m.get("model_states_bytes"), "-"), nbytes(p.get("model_states_bytes"), "-"),
+                  f"[{STATUS_STYLE[status]}]{status}[/]{note}")
+    return t
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else spec.format(x)
+
+
+def print_table(records: list[dict], title: str, console: Console | None = None, names: list[str] | None = None) -> None:
+    (console or Console()).print(results_table(records, title, names))

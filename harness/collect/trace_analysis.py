@@ -229,7 +229,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
 
 # -- comm names ------------------------------------------------------------------------------------
 # Collective names, element sizes and bus bytes as the profiler, gloo, NCCL and c10d's flight
-# recorder spell them (pure). Used by trace_analysis.py and flight_recorder.py.
+# recorder spell them (pure). Used by the analysis below and by the flight recorder section.
 
 P2P = ("send", "recv")
 _NCCL_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",

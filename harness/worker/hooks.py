@@ -11,7 +11,7 @@ def make_hooks(run, dims, run_dir, strategy=None) -> list:
     from harness.worker import grad_dump
 
     hooks = []
-    if grad_dump_enabled():  # the parity tests' gradient dump (before the first optimizer step)
+    if grad_dump.grad_dump_enabled():  # the parity tests' gradient dump (before the first optimizer step)
         hooks.append(grad_dump.GradDump(strategy, run_dir))
     if run.workload.profile_steps > 0:
         from harness.worker.profiling import ProfiledWindow

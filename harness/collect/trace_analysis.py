@@ -1,4 +1,4 @@
-"""Communication share from one rank's profiler trace: total, overlapped and exposed, by axis.
+r"""Communication share from one rank's profiler trace: total, overlapped and exposed, by axis.
 
 Pure Python (no torch): it reads the Chrome trace that harness/worker/profiling.py saved, so stored traces
 can be analysed anywhere (tests/fixtures/traces/).

@@ -14,6 +14,9 @@ from omegaconf import MISSING
 
 from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE
 
+GiB, MiB = 1024**3, 1024**2  # one name per unit, wherever bytes are shown or compared
+ADHOC_STUDY = "adhoc"  # the study of a run started without one: records go to <results_dir>/adhoc.jsonl
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # absolute: works from any cwd
 
 
@@ -202,7 +205,7 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
-    study: str = "adhoc"  # records go to <results_dir>/<study>.jsonl
+    study: str = ADHOC_STUDY  # records go to <results_dir>/<study>.jsonl
     series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
     results_dir: str = "results"
     allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device (or, on CPU, the host)

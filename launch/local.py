@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.config import GiB
 from harness.run import ending
 
 RUN_TOKEN_VAR = "BRIGADE_RUN_TOKEN"
@@ -189,7 +190,6 @@ def _die_with_parent() -> None:
 
 
 HOST_MEMORY_SHARE = 0.9  # of MemAvailable: the parent, the page cache and other users keep the rest
-GiB = 1024**3
 
 
 def preflight(run, dims, predicted: dict) -> None:

@@ -4,6 +4,7 @@ same numbers.
 """
 from __future__ import annotations
 
+from harness.config import MiB
 from harness.report import scaling
 from harness.costmodel.schedule import idle_intervals
 from harness.dims import COMM_AXES
@@ -16,7 +17,6 @@ AXIS_COLOURS = {"dp": "#4e79a7", "tp": "#e15759", "pp": "#59a14f", "ep": "#b07aa
 KIND_COLOURS = {"attention": "#b07aa1", "gemm": "#4e79a7", "optimizer": "#59a14f", "elementwise": "#edc948"}
 STRATEGY_COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                     "#9c755f", "#bab0ac"]
-MiB = 1024**2
 
 
 def scaling_series(study: Study) -> dict | None:

@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.config import GiB
 from harness.labels import labels
 from harness.report.fmt import nbytes
 from harness.run import record as rec
@@ -49,7 +50,6 @@ from harness.run.record import FAILURES, Status
 
 # Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
-GiB = 1024**3
 UNRECORDED = "unrecorded"  # an outcome, not a status: the record could not be written
 
 

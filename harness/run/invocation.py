@@ -16,6 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from rich.markup import escape
 
+from harness.config import ADHOC_STUDY
 from harness.config import CONF_DIR, register_configs
 from harness.run.record import results_problem
 
@@ -49,7 +50,7 @@ def _before_hydra(argv: list[str], ending) -> int | None:
             cfg = compose("config", overrides=fixed)
         results_dir, study, error = str(cfg.results_dir), str(cfg.study), None
     except Exception as e:  # noqa: BLE001 - composing only: a config that does not compose is invalid
-        results_dir, study, error = str(given.get("results_dir", "results")), str(given.get("study", "adhoc")), e
+        results_dir, study, error = str(given.get("results_dir", "results")), str(given.get("study", ADHOC_STUDY)), e
     problem = results_problem(results_dir, study)
     if problem:
         from harness.run.ending import console

@@ -25,11 +25,10 @@ from harness.run import record as rec
 from harness.run.ending import (Ending, claim_path, console, failure, held_by, holder_line, print_table,
                                  received)
 from harness.run.record import Status, results_problem
-from harness.config import RunConfig, as_dict, to_run_config
+from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
 
-GiB = 1024**3
 
 
 def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:
@@ -80,7 +79,7 @@ def run_job(cfg: DictConfig, ending: Ending | None = None) -> dict | None:
     t0 = time.monotonic()
     raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)
-    unsafe = results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", "adhoc")))
+    unsafe = results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", ADHOC_STUDY)))
     if unsafe:  # no record: there is no safe file to put it in
         ending.note(Status.INVALID)
         console.print(f"[yellow]invalid[/] {escape(unsafe)}", highlight=False, soft_wrap=True)
@@ -118,7 +117,7 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
     at.config, at.run = config, run
 
     # a named study: one invocation runs a config at a time (harness/run/ending.py)
-    if run.study != "adhoc":
+    if run.study != ADHOC_STUDY:
         held = _claim(run, rec.run_id(config), ending)
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")

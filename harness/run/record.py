@@ -30,6 +30,7 @@ from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness.config import ADHOC_STUDY
 from harness.collect.fidelity import ratios as fidelity_ratios
 
 REPO = Path(__file__).resolve().parents[2]
@@ -251,7 +252,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id(config),
-        "study": config.get("study", "adhoc"),
+        "study": config.get("study", ADHOC_STUDY),
         "strategy": (config.get("strategy") or {}).get("name"),
         "dims": dims.as_dict() if dims else None,
         "status": status,
@@ -272,7 +273,7 @@ def already_done(config: dict, run) -> dict | None:
     """Resume: in a named study, a config that already has a finished record is not run again
     (rerun=failed re-runs failed/timeout/oom/diverged ones, rerun=all everything). An invalid or
     interrupted run never finished, so it is always run again."""
-    if run.study == "adhoc" or run.rerun == "all":
+    if run.study == ADHOC_STUDY or run.rerun == "all":
         return None
     done = latest_by_run_id(read(records_path(run.results_dir, run.study))).get(run_id(config))
     if done is None or done["status"] in UNFINISHED:

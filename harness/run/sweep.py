@@ -5,13 +5,14 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
+from harness.config import ADHOC_STUDY
 from harness.run import record as rec
 from harness.run.ending import Ending, console, failure, print_table, received
 from harness.run.record import Status
 
 
 def _base(config: DictConfig) -> tuple[str, str]:
-    return str(config.get("results_dir", "results")), str(config.get("study", "adhoc"))
+    return str(config.get("results_dir", "results")), str(config.get("study", ADHOC_STUDY))
 
 
 def composition_failure(ending: Ending, config: DictConfig, overrides: list[str], error: Exception) -> dict:
@@ -62,10 +63,10 @@ def write_report(config: DictConfig, results_dir: str, study: str, records: list
     """The study's HTML report (harness.report) and its W&B summary run; the path is printed last.
     Ad-hoc runs (no study named) get a report of this invocation's runs only, `adhoc-<invocation>.html`.
     A failure here is printed and swallowed: the records are already written and the sweep is done."""
-    from harness.run.wandb_log import ADHOC, group
+    from harness.run.wandb_log import group
 
     path = rec.records_path(results_dir, study)
-    run_ids, name = (({r["run_id"] for r in records if "run_id" in r}, group(study)) if study == ADHOC else (None, None))
+    run_ids, name = (({r["run_id"] for r in records if "run_id" in r}, group(study)) if study == ADHOC_STUDY else (None, None))
     try:
         from harness.report import write_report as write_html
 

@@ -17,9 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
+from harness.config import ADHOC_STUDY
 from harness.run.record import flatten
 
-ADHOC = "adhoc"  # the study of runs started without one (RunConfig.study's default)
 
 
 def _scalars(d: dict) -> dict:
@@ -42,7 +42,7 @@ def invocation() -> str:
 
 def group(study: str) -> str:
     """The W&B group: the study, or `adhoc-<invocation>` for runs started without one."""
-    return f"{ADHOC}-{invocation()}" if study == ADHOC else study
+    return f"{ADHOC_STUDY}-{invocation()}" if study == ADHOC_STUDY else study
 
 
 def run_identity(record: dict, run_dir: Path, logger_cfg, name: str) -> dict:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 
+from harness.config import ADHOC_STUDY
 from harness.run.ending import held_by
 from harness.run.record import already_done, read, records_path
 from launch.slurm import (SUBMITTED, SUBMITTING, SlurmJobFailed, SlurmJobSignalled, _minutes_left, job_resources,
@@ -201,7 +202,7 @@ def _claim(ending, task_cfg) -> tuple[str | None, str]:
         run = to_run_config(task_cfg)
     except Exception:  # noqa: BLE001 - a type error in an override: run_job records it as invalid
         return None, ""
-    if run.study == "adhoc":
+    if run.study == ADHOC_STUDY:
         return None, ""
     rid = run_id(as_dict(run))
     line = ending.claim(run.results_dir, run.study, rid, SUBMITTING)
@@ -230,7 +231,7 @@ def _resources_or_none(task_cfg) -> dict | None:
 def _record_of_job(task_cfg, job_id: str) -> dict | None:
     """The record a SLURM job's task appended, if any (env.slurm_job names the job)."""
 
-    path = records_path(task_cfg.get("results_dir", "results"), task_cfg.get("study", "adhoc"))
+    path = records_path(task_cfg.get("results_dir", "results"), task_cfg.get("study", ADHOC_STUDY))
     for r in reversed(read(path)):
         if (r.get("env") or {}).get("slurm_job") == job_id:
             return r

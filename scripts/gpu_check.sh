@@ -125,7 +125,7 @@ for study in gpu_single dp_vs_3d; do
 done
 
 # 4. the single-device steps predicted again on the measured profile (step 0): step 3's tables on it, so each
-#    kind of work's measured / predicted stands beside the cited profile's (harness/tools/fidelity.py --repredict)
+#    kind of work's measured / predicted stands beside the cited profile's (harness/fidelity.py --repredict)
 if [ -n "$MEASURED" ] && [ -f "$RESULTS/gpu_single.jsonl" ]; then
   echo; echo "== gpu_single: measured / predicted on hardware=$MEASURED"
   $PY -m harness.fidelity "$RESULTS/gpu_single.jsonl" --repredict "hardware=$MEASURED"

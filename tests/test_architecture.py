@@ -15,7 +15,7 @@ from harness import catalog
 from harness.dims import MESH_AXES
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("harness", "models", "launch", "hydra_plugins")
+PACKAGES = ("harness", "models", "launch", "hydra_plugins", "lab")
 MAX_LINES = 500  # a smell detector, not a budget: a module is one idea, and files always read together merge
 
 
@@ -122,7 +122,7 @@ def test_name_literal_check_sees_a_planted_literal(tmp_path):
 
 
 PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.ending",
-               "harness.costmodel", "harness.tools.plan", "harness.tools.predict", "harness.report",
+               "harness.costmodel", "harness.plan", "harness.predict", "harness.report",
                "harness.catalog", "harness.validate", "harness.collect.aggregate", "harness.collect.fidelity",
                "launch.local", "hydra_plugins.brigade_sweeper")
 
@@ -247,3 +247,12 @@ def test_whole_file_write_check_sees_a_planted_write(tmp_path):
     planted.write_text('from pathlib import Path\nPath("progress").write_text("1 2")\nopen("x", "w")\n'
                        'open(log_path, "w")\ntorch.save(g, buf)\ntorch.save(g, path)\n')
     assert whole_file_writes(planted) == [2, 3, 6]
+
+
+def test_the_product_does_not_import_the_lab():
+    """lab/ (the published-validation machinery) sits beside the product: it reads the cost model, and
+    nothing under harness/, models/, launch/ or hydra_plugins/ reads it."""
+    graph = import_graph()
+    found = [f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("lab") for d in deps
+             if d.startswith("lab")]
+    assert not found, "\n".join(found)

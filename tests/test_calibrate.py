@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.tools.calibrate import check_profile
+from harness.calibrate import check_profile
 from harness.tools.calibrate_collectives import COLLECTIVES
 from harness.tools.calibrate_collectives_fit import fit_alpha_beta
 from tests.helpers import REPO
@@ -160,7 +160,7 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     cost model reads the measured figures: the same config is predicted slower on this CPU's rates."""
     from harness.config import as_dict, compose_run
     from harness.tools import calibrate_gpu
-    from harness.tools.calibrate import write_profile
+    from harness.calibrate import write_profile
 
     base = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
     prof = calibrate_gpu.calibrate(base, "h100_cpu_test", GPU_TEST_MODE, device="cpu")

@@ -20,7 +20,7 @@ from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
 from harness.costmodel.params import rank_inventory, numel
 from harness.config import compose_run
-from harness.tools.predict import predict_overrides
+from harness.predict import predict_overrides
 from tests.helpers import REPO
 
 GB = 1e9
@@ -281,7 +281,7 @@ def documented_keys(section: str, column: int = 1) -> set[str]:
 
 
 def test_predict_cli_prints_one_json_without_torch():
-    code = ("import sys, json; from harness.tools.predict import main; rc = main(['parallel.dp=1024', 'strategy=ddp', "
+    code = ("import sys, json; from harness.predict import main; rc = main(['parallel.dp=1024', 'strategy=ddp', "
             "'hardware=h100_sxm', 'workload.global_batch_size=2048', 'workload.micro_batch_size=2', '--json']); "
             "assert 'torch' not in sys.modules, 'cost model imported torch'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -294,7 +294,7 @@ def test_a_power_limited_part_runs_every_tensor_core_rate_at_its_clock_scale():
 
 
 def test_megatron_lms_bf16_module_under_ddp_is_priced_with_its_bytes():
-    """strategy.low_precision_params on DDP (the Megatron-LM rows of docs/published_runs.yaml): bf16 params, an fp32
+    """strategy.low_precision_params on DDP (the Megatron-LM rows of lab/published_runs.yaml): bf16 params, an fp32
     main copy and fp32 main grads per parameter (2 + 4 + 4 B against autocast's 4 + 4), and no autocast: the
     residual stream and the pipeline's sends in bf16, so the element-wise time falls and the pp bytes halve."""
     from harness.costmodel import predict

@@ -121,7 +121,7 @@ def test_the_planner_header_names_node_and_fabric():
 
 
 def test_published_rows_carry_their_clusters_fabric():
-    from harness.costmodel.published import load, overrides
+    from lab.published import load, overrides
 
     models, rows = load()
     selene = [r for r in rows if r["source"] == "narayanan2021_t2"]

@@ -175,9 +175,9 @@ def test_chunked_on_the_last_pipeline_stage_gives_single_s_losses(tmp_path, sing
 @pytest.mark.heavy  # 30 s; CI: the bytes in test_chunked_lowers_the_dry_run_peak_as_predicted, the row in test_published
 def test_a_published_mpt_run_fits_on_its_80_gb_as_brigade_runs_it(tmp_path):
     """llm-foundry's mpt_760m on 8 H100 80 GB (FSDP, 24 x 2048 tokens per micro-batch, bf16; a row of
-    docs/published_runs.yaml), rank 0 dry-run at its real shapes: the peak of the tensors brigade's
+    lab/published_runs.yaml), rank 0 dry-run at its real shapes: the peak of the tensors brigade's
     step allocates (84.7 GiB with the fp32 loss) is 66.7 GiB with chunked, the prediction within 2 %."""
-    from harness.costmodel import published
+    from lab import published
     from tests.helpers import run
 
     models, rows = published.load()

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from harness.catalog import strategy_for as strategy_of
-from harness.tools.plan import main, search
+from harness.plan import main, search
 from harness.config import compose_run
-from harness.tools.predict import predict_overrides, summary
+from harness.predict import predict_overrides, summary
 from tests.helpers import records
 
 LAST = re.compile(r"^evaluated (\d+) configs in ([\d.]+) s \((\d+) configs/s\)$")
@@ -82,7 +82,7 @@ def test_why_names_what_makes_the_compute_differ():
     else the GEMM shapes (tp, micro-batch) that did it."""
     from copy import copy
 
-    from harness.tools.plan import why
+    from harness.plan import why
 
     def replace(c, **changes):
         out = copy(c)

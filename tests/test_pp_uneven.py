@@ -9,7 +9,7 @@ from harness.config import compose_run
 from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.layout import layout
 from harness.dims import ConfigError
-from harness.tools.predict import predict_overrides
+from harness.predict import predict_overrides
 from harness.validate import validate
 from models.pipeline_split import stage_layer_counts, stage_splits
 from tests.helpers import assert_losses_match, run

@@ -1,9 +1,9 @@
-"""Pure tier: the published-validation set (docs/published_runs.yaml) and its command."""
+"""Pure tier: the published-validation set (lab/published_runs.yaml) and its command."""
 from __future__ import annotations
 
 import pytest
 
-from harness.costmodel import published
+from lab import published
 
 
 def test_the_set_is_cited_split_and_large_enough():
@@ -37,7 +37,7 @@ def test_command_prints_rows_and_both_summaries(capsys):
 
 def test_no_published_run_is_predicted_out_of_memory():
     """Every row ran on its GPUs. MPT's rows fit once mapped to the loss llm-foundry ran (model.loss=chunked,
-    docs/published_runs.yaml); with brigade's fp32 loss 25 of them were predicted over 80 GB."""
+    lab/published_runs.yaml); with brigade's fp32 loss 25 of them were predicted over 80 GB."""
     results = published.run_all()
     assert [f"{r['source']}#{r['index']} {r['predicted_peak_mem_GiB']:.1f} GiB" for r in results
             if not r["fits_in_memory"]] == []
@@ -52,7 +52,7 @@ def test_every_row_maps_to_a_runnable_config():
 
 def test_deepspeed_rows_run_as_the_2021_release_did():
     """Narayanan's ZeRO-3 rows ran a DeepSpeed that synchronised the device before every parameter
-    gather (docs/published_runs.yaml): they map to overlap_comm=false, and nothing else does."""
+    gather (lab/published_runs.yaml): they map to overlap_comm=false, and nothing else does."""
     models, rows = published.load()
     for r in rows:
         has = "strategy.ds.overlap_comm=false" in published.overrides(r, models[r["model"]])
@@ -91,7 +91,7 @@ def test_memory_summary_is_computed_from_the_rows_that_publish_memory():
     the named allocator term, and the memory summary is the median / p90 / worst of those rows' errors."""
     import statistics
 
-    from harness.costmodel import published_memory
+    from lab import published_memory
 
     results = published.run_all(source="torchtitan_h100")
     _, rows = published.load()

@@ -1,16 +1,16 @@
-"""docs/validation.md is what `python -m harness.costmodel.published_doc` writes, and its split is honest.
+"""docs/validation.md is what `python -m lab.published_doc` writes, and its split is honest.
 
-Pure tier (no torch): one pass of the cost model over docs/published_runs.yaml, plus the rows whose
+Pure tier (no torch): one pass of the cost model over lab/published_runs.yaml, plus the rows whose
 profile a post-hoc constant sits on, predicted again with it neutral.
 """
 from __future__ import annotations
 
-from harness.costmodel import published, published_doc
+from lab import published, published_doc
 
 
 def test_validation_doc_is_generated():
     assert published_doc.DOC.read_text() == published_doc.validation_doc(), \
-        "docs/validation.md is stale: python -m harness.costmodel.published_doc"
+        "docs/validation.md is stale: python -m lab.published_doc"
 
 
 def test_a_source_a_constant_was_chosen_on_is_in_the_fitting_half():

@@ -60,7 +60,7 @@ def test_records_written_before_the_reorganisation_still_load_and_resume(tmp_pat
 
     from harness.config import as_dict, compose_run
     from harness.report import write_report
-    from harness.tools.fidelity import table
+    from harness.fidelity import table
 
     src = Path(__file__).parent / "fixtures" / "records" / "pre_catalog.jsonl"
     old = rec.read(src)
@@ -140,7 +140,7 @@ def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
     """Three passes of a study: by default each config's latest ok record, with best its fastest."""
     import copy
 
-    from harness.tools.fidelity import table
+    from harness.fidelity import table
 
     src = Path(__file__).parents[1] / "results" / "reference" / "fidelity_cpu_q3.jsonl"
     single = next(r for r in rec.read(src) if r["config"]["strategy"]["name"] == "single")
@@ -161,7 +161,7 @@ def test_fidelity_predicts_records_again_on_their_own_or_another_profile():
     were recorded on (cpu_reference) the same as from the copy in each record, on another its figures, and
     the ratios made again from the new predictions; three configs or more get a rank correlation."""
     from harness.collect.fidelity import ratios
-    from harness.tools.fidelity import predict_again, rank_line
+    from harness.fidelity import predict_again, rank_line
 
     src = Path(__file__).parents[1] / "results" / "reference" / "demo.jsonl"
     recs = rec.read(src)

@@ -8,7 +8,7 @@ and the run measured more, the ratio is None (no finite ratio: a missed term, sh
 Peak memory is compared only where the measurement is tensor memory (CUDA max_allocated, or a
 tensor peak a strategy reports): the CPU fallback is process RSS (~220 MB of torch, allocator
 caching), which a tensor-memory model cannot and should not predict.
-The table of a study's ratios: `python -m harness.fidelity results/<study>.jsonl` (harness/tools/fidelity.py).
+The table of a study's ratios: `python -m harness.fidelity results/<study>.jsonl` (harness/fidelity.py).
 """
 from __future__ import annotations
 

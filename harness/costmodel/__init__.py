@@ -18,7 +18,7 @@ anywhere. One formula per function, each citing its source:
     step_time.py    compute, bubble, comm per axis and the exposed part of it
     memory_peak.py  the worst rank's peak memory
     estimate.py     the assembled prediction; details.py the figures only predict adds
-    published.py    the cost model against published GPU runs (docs/published_runs.yaml)
+    published.py    the cost model against published GPU runs (lab/published_runs.yaml)
     layouts4d.py    HSDP (dp_replicate) and context parallel (cp) over the base estimate
 
 What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.

@@ -1,7 +1,7 @@
 """The cost model's core: one config (already reduced to plain numbers) -> the predicted figures.
 
     predict(run, dims)  -> Model.of / Hardware.of / Strategy.of (inputs.py) + evaluate(..., detail=True)
-    harness.tools.plan  -> the same objects built once; layout() per parallel layout, finish() in its loop
+    harness.plan  -> the same objects built once; layout() per parallel layout, finish() in its loop
 
     layout.py       placement, per-rank model states, per-token costs, links, dp collectives
     compute.py      one micro-batch's time: GEMMs by shape, attention, element-wise work
@@ -85,7 +85,7 @@ def overlap_interference_s(hw, overlapped_s: float, compute_s: float) -> float:
 
 def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
              m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True, weight_decay: float = 0.0) -> dict:
-    """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.tools.predict)."""
+    """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.predict)."""
     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)
     out = finish(lo, mb, m, ckpt)
     return details(out, lo, mb, m, ckpt) if detail else out

@@ -1,2 +1,3 @@
-"""Commands around the cost model: predict (one config), plan (search layouts), calibrate (measure
-this machine). Their command lines are `python -m harness.predict|plan|calibrate`."""
+"""The parts of the commands in harness/ (plan.py, calibrate.py): the planner's search space, reasons,
+dry-run and run-top checks; calibrate's measurements by kind (compute, collectives, fabric, GPU); the
+README's generated tables."""

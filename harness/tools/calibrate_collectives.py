@@ -1,7 +1,7 @@
 """Collective bus bandwidth and latency on this machine (part of `python -m harness.calibrate`):
 the worker that torchrun starts on every rank (`python -m harness.tools.calibrate_collectives OUT
 SIZES BUDGET PROGRESS [BACKEND]`); harness/tools/calibrate_collectives_fit.py launches it and fits
-t(S) = alpha + factor * S / B (see harness/tools/calibrate.py for what is measured and why).
+t(S) = alpha + factor * S / B (see harness/calibrate.py for what is measured and why).
 
 On GPUs (BACKEND nccl, one rank per GPU, harness/tools/calibrate_gpu.py) the buffers live on each rank's
 device and a call's time runs until the device has finished it; tensor parallelism's IN_STEP figures

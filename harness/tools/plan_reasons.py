@@ -1,5 +1,5 @@
 """What the planner's table says beside its numbers: the node and fabric it priced (the header), and for
-each layout why it ranks where it does (harness/tools/plan.py; a candidate is plan.Candidate)."""
+each layout why it ranks where it does (harness/plan.py; a candidate is plan.Candidate)."""
 from __future__ import annotations
 
 

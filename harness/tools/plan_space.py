@@ -1,4 +1,4 @@
-"""The planner's search space beyond the parallel degrees (harness/tools/plan.py): the variants one layout
+"""The planner's search space beyond the parallel degrees (harness/plan.py): the variants one layout
 has (sequence parallelism, bf16 parameters for the distributed optimizer, HSDP's replica counts) and how
 an HSDP variant's prediction is made from two base estimates, as `predict` makes it."""
 from __future__ import annotations

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from harness.costmodel import predict
-from harness.tools.plan import search
+from harness.plan import search
 from harness.config import compose_run
 from harness.validate import validate
 

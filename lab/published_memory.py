@@ -1,6 +1,6 @@
-"""Published per-GPU memory against the cost model's peak (`python -m harness.costmodel.published`).
+"""Published per-GPU memory against the cost model's peak (`python -m lab.published`).
 
-A source that publishes memory says what it measured (`memory_metric` in docs/published_runs.yaml):
+A source that publishes memory says what it measured (`memory_metric` in lab/published_runs.yaml):
 
     max_reserved_GiB   torch.cuda's reserved_bytes.all.peak / 2**30: the caching allocator's segments,
                        the tensors' peak plus what the allocator holds beyond them
@@ -25,7 +25,7 @@ def memory_fields(row: dict, pred: dict) -> dict:
     metric = row["memory_metric"]
     if metric not in COMPARED:
         raise ValueError(f"{row['source']} row {row['index']}: memory_metric {metric!r} is not one of "
-                         f"{sorted(COMPARED)} (harness/costmodel/published_memory.py)")
+                         f"{sorted(COMPARED)} (lab/published_memory.py)")
     alloc = pred["allocator_bytes"] / 1024**3
     compared = pred["peak_mem_bytes"] / 1024**3
     return {"memory_metric": metric, "published_mem_GiB": float(row["published_mem_GiB"]),

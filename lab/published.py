@@ -1,12 +1,12 @@
-"""`python -m harness.costmodel.published`: the cost model against published, measured GPU runs.
+"""`python -m lab.published`: the cost model against published, measured GPU runs.
 
-    python -m harness.costmodel.published                  # every row, then the summaries
-    python -m harness.costmodel.published --half held_out  # one half only
-    python -m harness.costmodel.published --json           # one JSON object per row
-    python -m harness.costmodel.published --no-fabric      # every row on its profile's inter_node link
-    python -m harness.costmodel.published_doc              # regenerate docs/validation.md from it
+    python -m lab.published                  # every row, then the summaries
+    python -m lab.published --half held_out  # one half only
+    python -m lab.published --json           # one JSON object per row
+    python -m lab.published --no-fabric      # every row on its profile's inter_node link
+    python -m lab.published_doc              # regenerate docs/validation.md from it
 
-Reads docs/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
+Reads lab/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
 every row into a brigade config (the same RunConfig `harness.predict` composes, through Hydra, with
 the row's model shape, degrees, batch, precision, checkpointing and strategy), predicts it, and
 prints published vs predicted tokens/s per GPU with the ratio predicted / published. The summary
@@ -21,9 +21,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from harness.costmodel.published_memory import error_summary, memory_fields, memory_groups, print_memory
+from lab.published_memory import error_summary, memory_fields, memory_groups, print_memory
 
-DATA = Path(__file__).resolve().parents[2] / "docs" / "published_runs.yaml"
+DATA = Path(__file__).resolve().parent / "published_runs.yaml"
 LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta", "tie_embeddings", "bias")  # model fields a source may set
 
 
@@ -84,21 +84,21 @@ def strategy_overrides(row: dict) -> list[str]:
     if row.get("engine", "torch") != "torch":  # DeepSpeed's own defaults, not brigade's CPU-sized buckets
         out += [f"strategy.engine={row['engine']}", "strategy.ds.reduce_bucket_size=500000000",
                 "strategy.ds.stage3_param_persistence_threshold=100000"]
-        if "ds_overlap_comm" in row:  # the DeepSpeed version the source ran (docs/published_runs.yaml)
+        if "ds_overlap_comm" in row:  # the DeepSpeed version the source ran (lab/published_runs.yaml)
             out.append(f"strategy.ds.overlap_comm={str(bool(row['ds_overlap_comm'])).lower()}")
     if pp > 1:
         out.append(f"strategy.schedule={row['schedule']}")
     if tp > 1:
         out.append(f"strategy.sequence_parallel={str(bool(row.get('sequence_parallel', False))).lower()}")
-    if row.get("mp_mode") == "PURE":  # Composer's FSDP PURE reduces gradients in bf16 (docs/published_runs.yaml)
+    if row.get("mp_mode") == "PURE":  # Composer's FSDP PURE reduces gradients in bf16 (lab/published_runs.yaml)
         out.append("strategy.comm_hook=bf16")
     if "fsdp_accumulate" in row:
         out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
     if "zero1_impl" in row and catalog.strategy(name).states == "zero1_torch":  # 3d's dp_shard=zero1 is it already
         out.append(f"strategy.zero1_impl={row['zero1_impl']}")
-    if row.get("low_precision_params") and row.get("engine", "torch") == "torch":  # Megatron-LM's --bf16 (docs/published_runs.yaml)
+    if row.get("low_precision_params") and row.get("engine", "torch") == "torch":  # Megatron-LM's --bf16 (lab/published_runs.yaml)
         out.append("strategy.low_precision_params=true")
-    if "bucket_cap_mb" in row:  # the gradient buckets the source's engine used (docs/published_runs.yaml)
+    if "bucket_cap_mb" in row:  # the gradient buckets the source's engine used (lab/published_runs.yaml)
         out.append(f"strategy.bucket_cap_mb={row['bucket_cap_mb']}")
     for knob in MEGATRON_OVERLAPS:  # Megatron-Core's overlaps, where the source names them (docs/published.md)
         if knob in row and (knob != "tp_comm_overlap" or tp > 1):
@@ -231,7 +231,7 @@ def print_report(results: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.costmodel.published", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.published", description=__doc__.split("\n\n")[0])
     p.add_argument("--half", choices=("fitting", "held_out"))
     p.add_argument("--source")
     p.add_argument("--json", action="store_true", help="one JSON object per row, then the summaries")

@@ -86,13 +86,13 @@ def run_job(cfg: DictConfig) -> dict:
     # a named study: one invocation runs a config at a time (harness/run/claim.py); not inside a SLURM
     # job, where every node's task runs this function for the same run
     if run.study != "adhoc" and not _slurm_job(run):
-        held = claim.take(run.results_dir, run.study, rec.run_id(config))
+        held = claim.take(run.results_dir, run.study, rec.claim_key(rec.run_id(config), run.repeat))
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
             return None
     done = rec.already_done(config, run)
     if done is not None:
-        claim.release(done["run_id"])
+        claim.release(rec.claim_key(done["run_id"], run.repeat))
         outcome.note(done["status"], run.allow_failures)
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
                       f"in {rec.records_path(run.results_dir, run.study)}[/]")
@@ -105,11 +105,12 @@ def run_job(cfg: DictConfig) -> dict:
         record = rec.make_record(config, run, dims_or_none, "invalid", str(e))
         return _finish(record, run.results_dir, run, None)
     if signals.received():  # the parent was asked to stop: start nothing new (the sweep stops too)
-        claim.release(rec.run_id(config))
+        claim.release(rec.claim_key(rec.run_id(config), run.repeat))
         return None
 
     label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
+    name += f"-r{run.repeat}" if run.repeat else ""
     slurm_job = _slurm_job(run)
     # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
     # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
@@ -218,7 +219,7 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
     try:
         rec.append(path, record)  # the record first: W&B can never lose it
     except OSError as e:  # all or nothing: nothing of it is in the file
-        claim.release(record["run_id"])
+        claim.release(rec.claim_key(record["run_id"], record.get("repeat")))
         outcome.note("unrecorded")
         console.print(f"[red]NOT RECORDED[/] {record['strategy']} {record['run_id']} ({record['status']}): "
                       f"appending to {path} failed: {escape(str(e))}")

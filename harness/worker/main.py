@@ -40,12 +40,10 @@ def _environment(device) -> dict:
         env["deepspeed"] = version("deepspeed")
     except Exception:  # noqa: BLE001 - deepspeed is optional for people who bring their own stack
         env["deepspeed"] = None
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    else:
-        env["device_name"] = _cpu_name()
+    from harness.fingerprint import rank_fingerprint
+
+    env.update(rank_fingerprint(device))  # CUDA, NCCL, driver, GPUs, interconnect, SLURM job
+    env["device_name"] = env["gpu_name"] if device.type == "cuda" else _cpu_name()
     return env
 
 
@@ -90,6 +88,25 @@ def _host_rss_at_setup(strategy, device, rss_before_model: int) -> dict:
     params = measure.tensor_bytes(strategy.state_tensors()["params"]) if device.type == "cpu" else 0
     return {"host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "host_peak_rss_predicted_bytes": rss_before_model + params}
+
+
+def _slow_steps(strategy, pct: float, device) -> None:
+    """slow_step_pct: a regression on purpose. Each training step, once done (device synchronised),
+    sleeps pct % of its own time, inside the timed region: the step is 1 + pct/100 times as long
+    whatever the load, since the sleep scales with the step it follows and takes no CPU from it."""
+    import torch
+
+    step = strategy.train_step
+
+    def slowed(microbatches):
+        t0 = time.perf_counter()
+        loss = step(microbatches)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        time.sleep((time.perf_counter() - t0) * pct / 100)
+        return loss
+
+    strategy.train_step = slowed
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -163,6 +180,8 @@ def _run(run_dir: Path, rank: int) -> None:
         time.sleep(10**6)
     if run.fault == "hang_rank1" and rank == 1:
         time.sleep(10**6)
+    if run.slow_step_pct:
+        _slow_steps(strategy, run.slow_step_pct, device)
 
     progress_file = run_dir / rundir.PROGRESS
 

@@ -117,7 +117,8 @@ def rank_fingerprint(device) -> dict:
     else:
         got["nccl"] = got["gpu_name"] = None
         got["gpu_count"] = torch.cuda.device_count() if got["cuda"] else 0
-        why["nccl"] = why["gpu_name"] = f"device {device.type}: no CUDA device in use (no NCCL)"
+        why["nccl"] = f"device {device.type}: NCCL runs only with CUDA devices"
+        why["gpu_name"] = f"device {device.type}: no GPU in use"
     got["driver"], reason = driver_version()
     if reason:
         why["driver"] = reason

@@ -136,3 +136,35 @@ def test_a_failed_side_is_listed_not_compared(tmp_path):
     b = [_record(tmp_path, ["strategy=single"], 0, [], status="failed")]
     row, = compare_configs(rp.by_config(a), rp.by_config(b), 5)
     assert row.verdict == "" and row.note == "not comparable: A ok, B failed"
+
+
+def test_wandb_defines_the_scaling_metrics_and_logs_the_intervals(tmp_path):
+    """A real offline W&B run: step metrics against `step`, scaling/* against `devices`, the scaling axes
+    in config and summary, and the tokens/s interval's bounds in the summary."""
+    from omegaconf import OmegaConf
+
+    from harness.run.wandb_log import SCALING_METRICS, log_record
+    from tests.wandb_file import records as wandb_records, summary_and_history
+
+    rng = random.Random(7)
+    r = _record(tmp_path, ["strategy=ddp", "parallel.dp=2", "series=strong"], 0, _steps(rng, 0.1),
+                {"git_commit": "abc123", "cluster": "vm"})
+    r["measured"]["losses"] = [3.0] * 10
+    logger = OmegaConf.create({"name": "wandb", "mode": "offline", "project": "brigade", "entity": None})
+    assert log_record(r, tmp_path / "run", logger, job_type="local")
+    import wandb
+
+    wandb.teardown()  # the W&B service writes the run file behind the process: done when it is shut down
+    path, = (tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb")
+    metrics = {(m.metric.name or m.metric.glob_name): m.metric.step_metric for m in wandb_records(path)
+               if m.WhichOneof("record_type") == "metric" and m.metric.options.defined}
+    assert metrics["loss"] == metrics["step_time_s"] == "step" and metrics["scaling/*"] == "devices"
+    summary, history = summary_and_history(path)
+    row = next(h for h in history if "devices" in h)
+    has = {"tokens_per_s", "tokens_per_s_ci95_lo", "tokens_per_s_ci95_hi", "step_time_s", "model_states_bytes",
+           "peak_mem_bytes"}  # what this record measured of SCALING_METRICS
+    assert row["devices"] == 2 and {k[8:] for k in row if k.startswith("scaling/")} == has <= set(SCALING_METRICS)
+    lo, hi = r["measured"]["tokens_per_s_ci95"]
+    assert summary["measured/tokens_per_s_ci95_lo"] == pytest.approx(lo) and row["scaling/tokens_per_s_ci95_hi"] == pytest.approx(hi)
+    assert (summary["axes/devices"], summary["axes/series"], summary["axes/commit"], summary["axes/cluster"]) == (
+        2, "strong", "abc123", "vm")

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
+from harness.collect import repeats as rp
 from harness.collect import stats
+from harness.report.fmt import ci_text
 from harness.report.index import INDEX, load_studies, write_index
 from tests.helpers import FAST, REPO, cli, records
 
@@ -57,8 +59,13 @@ def test_repeats_run_round_robin_each_its_own_record(noise_studies):
         med, lo, hi = stats.median_ci([m["step_times_s"]])
         assert m["step_time_s"] == med and m["step_time_s_ci95"] == [lo, hi]
         assert m["tokens_per_s_ci95"] == pytest.approx([m["tokens_per_step"] / hi, m["tokens_per_step"] / lo])
-    # the end-of-study table: one row for the config, its 6 repeats pooled with their interval
-    assert "95% CI" in noise_studies["stderr"] and "│ 6 │" in noise_studies["stderr"]
+    # the end-of-study table and the report: one row for the config, its 6 repeats pooled with their interval
+    config = rp.config_record(rows)
+    interval = ci_text(config["measured"]["tokens_per_s_ci95"])
+    assert config["repeats"] == 6 and "95% CI" in noise_studies["stderr"] and "│ 6 │" in noise_studies["stderr"]
+    assert interval in noise_studies["stderr"]
+    page = (noise_studies["dir"] / "noise.html").read_text()
+    assert "tokens/s 95% CI" in page and f'<td class="num">{interval}</td><td class="num">6</td>' in page
 
 
 def _compare(a, b):

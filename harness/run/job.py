@@ -224,7 +224,7 @@ def _finish(record: dict, results_dir: str, run: RunConfig | None, run_dir: Path
         console.print(f"[red]NOT RECORDED[/] {record['strategy']} {record['run_id']} ({record['status']}): "
                       f"appending to {path} failed: {escape(str(e))}")
         return record
-    claim.release(record["run_id"])
+    claim.release(rec.claim_key(record["run_id"], record.get("repeat")))
     outcome.note(record["status"], run is not None and run.allow_failures)
     if log_wandb:
         from harness.run.wandb_log import log_record

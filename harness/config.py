@@ -209,7 +209,7 @@ class RunConfig:
     allow_failures: bool = False  # exit 0 once every run has its record, even failed/invalid ones (harness/run/outcome.py)
     rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all
     fault: str = "none"  # test-only fault switch: none | crash_rank1 | hang_rank1 | oom_rank1 (4 GiB: in a memory cgroup)
-    # a regression on purpose: every training step waits this % of its own time more, inside the timed
+    # a regression on purpose: every training step busy-waits this % of its own time more, inside the timed
     # region (harness/worker/main.py). Not part of run_id, as a slower commit is not: `harness.compare`
     # matches the slowed runs to the clean ones and must call them slower.
     slow_step_pct: float = 0.0

@@ -92,8 +92,10 @@ def _host_rss_at_setup(strategy, device, rss_before_model: int) -> dict:
 
 def _slow_steps(strategy, pct: float, device) -> None:
     """slow_step_pct: a regression on purpose. Each training step, once done (device synchronised),
-    sleeps pct % of its own time, inside the timed region: the step is 1 + pct/100 times as long
-    whatever the load, since the sleep scales with the step it follows and takes no CPU from it."""
+    busy-waits pct % of its own time, inside the timed region: the step is 1 + pct/100 times as long.
+    A busy wait, not a sleep: the kernel's scheduler favours a process that slept, so on a loaded CPU a
+    sleeping rank won the cores back from other jobs and computed faster (ddp dp2 at load 10 ran its
+    steps faster with a 30 % sleep than without, 12-04); a spinning rank competes as the work it stands for."""
     import torch
 
     step = strategy.train_step
@@ -103,7 +105,10 @@ def _slow_steps(strategy, pct: float, device) -> None:
         loss = step(microbatches)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        time.sleep((time.perf_counter() - t0) * pct / 100)
+        end = time.perf_counter()
+        end += (end - t0) * pct / 100
+        while time.perf_counter() < end:
+            pass
         return loss
 
     strategy.train_step = slowed

@@ -168,3 +168,28 @@ def test_wandb_defines_the_scaling_metrics_and_logs_the_intervals(tmp_path):
     assert summary["measured/tokens_per_s_ci95_lo"] == pytest.approx(lo) and row["scaling/tokens_per_s_ci95_hi"] == pytest.approx(hi)
     assert (summary["axes/devices"], summary["axes/series"], summary["axes/commit"], summary["axes/cluster"]) == (
         2, "strong", "abc123", "vm")
+
+
+FINGERPRINT = ("cuda", "nccl", "driver", "interconnect", "slurm_job_id", "slurm_partition", "slurm_cluster")
+
+
+def test_the_fingerprint_is_a_value_or_a_reason_never_a_guess():
+    """On any machine: every field read, or null with `unavailable.<field>` saying why."""
+    from harness.fingerprint import host_fingerprint
+
+    env = host_fingerprint()
+    for k in FINGERPRINT:
+        assert (env[k] is None) == (k in env["unavailable"]), (k, env[k], env["unavailable"])
+    assert env["cluster"] and (env["slurm_cluster"] is None) == ("cluster" in env["unavailable"])
+
+
+def test_the_fingerprint_holds_gpu_name_and_count_per_node():
+    from harness.fingerprint import merge
+
+    ranks = [{"hostname": "n1", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "slurm_cluster": "c1",
+              "unavailable": {}}] * 2 + [{"hostname": "n2", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 4,
+                                          "slurm_cluster": "c1", "unavailable": {}}]
+    out = merge(ranks, ["n1", "n1", "n2"])
+    assert out["gpus"] == {"n1": {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8},
+                           "n2": {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 4}}
+    assert out["cluster"] == "c1" and "unavailable" not in out

@@ -55,6 +55,10 @@ def test_repeats_run_round_robin_each_its_own_record(noise_studies):
     assert [(r["repeat"], r["config"]["slow_step_pct"]) for r in rows] == [
         (i, pct) for i in range(3) for pct in (0, 0, SLOW_PCT)]
     assert len({r["run_id"] for r in rows}) == 1 and all(r["status"] == "ok" for r in rows)  # one config
+    env = rows[0]["env"]  # the fingerprint the ranks read: each field a value or a reason
+    for k in ("cuda", "nccl", "driver", "interconnect", "slurm_job_id", "slurm_partition"):
+        assert (env.get(k) is None) == (k in env["unavailable"]), (k, env.get(k), env["unavailable"])
+    assert list(env["gpus"]) == env["nodes"] and env["cluster"]
     for r in rows:  # each run's own interval, from its step times
         m = r["measured"]
         med, lo, hi = stats.median_ci([m["step_times_s"]])

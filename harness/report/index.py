@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 
 from harness.collect import repeats as rp
 from harness.compare import DEFAULT_THRESHOLD_PCT, compare_configs
-from harness.labels import base_label
+from harness.labels import base_label, labels
 from harness.report import figures
 from harness.report.blocks import Figures, table
 from harness.report.charts import STRATEGY_COLOURS
@@ -159,13 +159,15 @@ def history(studies: list[StudyEntry], figs: Figures, threshold_pct: float) -> t
             per_config.setdefault(rid, []).append(s)
     regressions: list[Regression] = []
     by_model: dict[str, go.Figure] = {}
+    # configs named by what sets them apart across every study (harness/labels.py)
+    names = dict(zip(per_config, labels([seen[-1].configs[rid] for rid, seen in per_config.items()])))
     for i, (rid, seen) in enumerate(per_config.items()):
         pts = [(s, _tput(s.configs[rid])) for s in seen]
         pts = [(s, t) for s, t in pts if t is not None]
         if not pts:
             continue
         r = pts[-1][0].configs[rid]
-        label = base_label(r)
+        label = names[rid]
         model = str(((r.get("config") or {}).get("model") or {}).get("name"))
         fig = by_model.setdefault(model, go.Figure())
         colour = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]

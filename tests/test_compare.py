@@ -161,6 +161,7 @@ def test_wandb_defines_the_scaling_metrics_and_logs_the_intervals(tmp_path):
     assert metrics["loss"] == metrics["step_time_s"] == "step" and metrics["scaling/*"] == "devices"
     summary, history = summary_and_history(path)
     row = next(h for h in history if "devices" in h)
+    assert "loss" not in row and row["_step"] == 10  # its own row, after the 10 steps
     has = {"tokens_per_s", "tokens_per_s_ci95_lo", "tokens_per_s_ci95_hi", "step_time_s", "model_states_bytes",
            "peak_mem_bytes"}  # what this record measured of SCALING_METRICS
     assert row["devices"] == 2 and {k[8:] for k in row if k.startswith("scaling/")} == has <= set(SCALING_METRICS)

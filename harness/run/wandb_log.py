@@ -102,7 +102,8 @@ def log_record(record: dict, run_dir: Path, logger_cfg, job_type: str) -> bool:
             run.log(row, step=i)
         flat = _scalars(m)
         run.log({"devices": axes["devices"], **{f"scaling/{k}": flat[k] for k in SCALING_METRICS
-                                                  if isinstance(flat.get(k), (int, float))}})
+                                                  if isinstance(flat.get(k), (int, float))}},
+                step=len(m.get("losses", [])))  # a row of its own, after the steps
         summary = {"status": record["status"], "run_id": record["run_id"], **{f"axes/{k}": v for k, v in axes.items()}}
         for prefix in ("measured", "predicted", "fidelity"):
             summary.update({f"{prefix}/{k}": v for k, v in _scalars(record.get(prefix) or {}).items()})

@@ -207,17 +207,23 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     study: str = ADHOC_STUDY  # records go to <results_dir>/<study>.jsonl
     series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
+    repeats: int = 1  # a sweep runs its configs this many times round-robin (A B C A B C ...): harness/collect/repeats.py
+    repeat: int = 0  # which repeat this run is (set by the sweeper; a record's `repeat`)
     results_dir: str = "results"
     allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device (or, on CPU, the host)
     allow_failures: bool = False  # exit 0 once every run has its record, even failed/invalid ones (harness/run/ending.py)
     rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all
     fault: str = "none"  # test-only fault switch: none | crash_rank1 | hang_rank1 | oom_rank1 (4 GiB: in a memory cgroup)
+    # a regression on purpose: every training step busy-waits this % of its own time more, inside the timed
+    # region (harness/worker/main.py). Not part of run_id, as a slower commit is not: `harness.compare`
+    # matches the slowed runs to the clean ones and must call them slower.
+    slow_step_pct: float = 0.0
     report: bool = True  # write the HTML report at the end of a sweep
 
 
 # Fields that do not change what is measured: excluded from run_id so a resumed study matches.
 NON_SEMANTIC_KEYS = ("launcher", "logger", "plan", "results_dir", "rerun", "report", "study", "allow_oversubscribe_memory",
-                     "allow_failures")
+                     "allow_failures", "repeats", "repeat", "slow_step_pct")
 
 
 _registered = False

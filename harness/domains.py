@@ -62,6 +62,7 @@ DOMAINS = {
     "launcher.master_port": (_int_at_least(0, 65535), "0 (a free port) or 1-65535"),
     "launcher.cpus_per_task": SIZE, "launcher.gpus_per_node": COUNT, "launcher.time_min": SIZE,
     "launcher.array_parallelism": SIZE,
+    "repeats": SIZE, "repeat": COUNT, "slow_step_pct": NON_NEGATIVE,
     "logger.name": (_one_of("wandb", "none"), "wandb or none"),
     "logger.mode": (_one_of("offline", "online", "disabled"), "offline, online or disabled"),
     "plan.gpus": SIZE, "plan.top_k": SIZE, "plan.run_top": COUNT,

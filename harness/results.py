@@ -8,12 +8,13 @@ Columns are the record's own keys (`run_id`, `status`, `config.workload.global_b
 `measured.step_time_s`, `predicted.step_time_s`, `fidelity.step_time_s`, ...; results/README.md says
 what each means), plus `label` (the run named by what sets it apart from the others, as in the table
 and the report). Lists (`measured.step_times_s`, `measured.losses`) stay one cell each. `latest=True`
-keeps the latest record per run_id, as the report does (a re-run replaces the earlier attempt).
+keeps the latest record per run_id and repeat, as the report does (a re-run replaces the earlier attempt).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from harness.collect.repeats import key as repeat_key
 from harness.run import record as rec
 from harness.run.record import flatten
 from harness.labels import labels
@@ -29,8 +30,8 @@ def load(path: str | Path, latest: bool = True):
         raise FileNotFoundError(f"no records at {path} (a <study>.jsonl file or a directory of them)")
     records = [r for f in files for r in rec.read(f) if isinstance(r, dict) and "run_id" in r]
     if latest:  # per study: two studies may run the same config
-        keep = {(r.get("study"), r["run_id"]): r for r in records}
-        records = [r for r in records if keep[(r.get("study"), r["run_id"])] is r]
+        keep = {(r.get("study"), *repeat_key(r)): r for r in records}  # each repeat (repeats=N) its own row
+        records = [r for r in records if keep[(r.get("study"), *repeat_key(r))] is r]
     rows = [{"label": lab, **{k: (None if v == {} else v) for k, v in flatten(r).items()}}
             for lab, r in zip(labels(records), records)]
     return pd.DataFrame(rows)

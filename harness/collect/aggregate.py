@@ -6,7 +6,7 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 """
 from __future__ import annotations
 
-from harness import catalog
+from harness import catalog, fingerprint
 from harness.collect import stats
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
 
@@ -28,6 +28,7 @@ def aggregate(run, dims, measurement: dict) -> dict:
     tokens = run.workload.global_batch_size * run.model.seq_len
     out["tokens_per_step"] = tokens
     out["tokens_per_s"] = tokens / out["step_time_s"]
+    out.update(stats.throughput_ci(steps, tokens))
     out["tokens_per_s_per_device"] = out["tokens_per_s"] / dims.world_size
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     out["model_flops_per_step"] = flops
@@ -69,7 +70,11 @@ def environment(ranks: list[dict]) -> dict:
     env["hosts"] = sorted({r["env"]["hostname"] for r in ranks})
     env["num_hosts"] = len(env["hosts"])
     # Nodes: SLURM's node names where there are any (virtual nodes share a hostname), else hosts.
-    env["nodes"] = sorted({r["env"].get("slurm_node") or r["env"]["hostname"] for r in ranks})
+    node_of = [r["env"].get("slurm_node") or r["env"]["hostname"] for r in ranks]
+    env["nodes"] = sorted(set(node_of))
     env["num_nodes"] = len(env["nodes"])
     env.pop("slurm_node", None)  # per rank, not per run: the list above holds them all
+    for key in ("gpu_name", "gpu_count"):  # per node, in `gpus` (harness/fingerprint.py)
+        env.pop(key, None)
+    env.update(fingerprint.merge([r["env"] for r in ranks], node_of))
     return env

@@ -26,6 +26,11 @@ def num(x, digits: int = 3, none: str = NA) -> str:
     return f"{x:,.{decimals}f}"
 
 
+def ci_text(ci, none: str = "-") -> str:
+    """A 95 % interval of a rate as "lo-hi" (whole numbers); `none` when there is none."""
+    return none if not ci or _bad(ci[0]) or _bad(ci[1]) else f"{ci[0]:,.0f}-{ci[1]:,.0f}"
+
+
 def seconds(x, none: str = NA) -> str:
     if _bad(x):
         return none

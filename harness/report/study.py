@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import catalog, rundir
+from harness.collect.repeats import config_records
 from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
 from harness.labels import base_label, labels
 from harness.run import record as rec
@@ -93,6 +94,16 @@ class Run:
     @property
     def predicted(self) -> dict:
         return self.r.get("predicted") or {}
+
+    @property
+    def repeats(self) -> int:
+        """How many times the study ran this config (repeats=N; 1 for a record before repeats)."""
+        return int(self.r.get("repeats") or 1)
+
+    def ci(self, key: str) -> tuple[float, float] | None:
+        """The measured 95 % interval of a figure (`<key>_ci95`), None where the record has none."""
+        v = self.measured.get(f"{key}_ci95")
+        return (v[0], v[1]) if isinstance(v, list) and len(v) == 2 and all(_number(x) is not None for x in v) else None
 
     def m(self, key):
         return _number(self.measured.get(key))
@@ -213,13 +224,13 @@ class Study:
 
 
 def load(path: str | Path, run_ids: set[str] | None = None, name: str | None = None) -> Study:
-    """Read <results_dir>/<study>.jsonl; the latest record of each config, in first-seen order.
+    """Read <results_dir>/<study>.jsonl; one record per config, in first-seen order: the latest one, or
+    with repeats (repeats=N) their pooled statistics (harness/collect/repeats.py).
     run_ids: only those configs (one invocation's ad-hoc runs), shown under `name`."""
     path = Path(path)
     records = [r for r in rec.read(path) if run_ids is None or (isinstance(r, dict) and r.get("run_id") in run_ids)]
-    latest = rec.latest_by_run_id([r for r in records if isinstance(r, dict) and "run_id" in r])
-    order = list(dict.fromkeys(r["run_id"] for r in records if isinstance(r, dict) and "run_id" in r))
-    runs = [Run(latest[i], lab) for i, lab in zip(order, labels([latest[i] for i in order]))]
+    configs = config_records(records)
+    runs = [Run(r, lab) for r, lab in zip(configs, labels(configs))]
     name = name or next((r.r.get("study") for r in runs if r.r.get("study")), None) or path.stem
     return Study(name=name, path=path, runs=runs)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.report import charts, figures
 from harness.report.blocks import notice, num_span, pair_cell, table
-from harness.report.fmt import esc, nbytes, num, pct, rate, seconds
+from harness.report.fmt import ci_text, esc, nbytes, num, pct, rate, seconds
 from harness.report.study import Study
 
 
@@ -17,17 +17,21 @@ def runs_table(study: Study) -> str:
             str(d.get("world_size", "-")),
             pair_cell(r.m("step_time_s"), r.p("step_time_s"), seconds, f"step-{r.run_id}"),
             pair_cell(r.m("tokens_per_s"), r.p("tokens_per_s"), rate, f"tokens-{r.run_id}"),
+            f'<td class="num">{esc(ci_text(r.ci("tokens_per_s")))}</td><td class="num">{r.repeats}</td>',
             pair_cell(r.m("mfu_pct"), r.p("mfu_pct"), pct, f"mfu-{r.run_id}"),
             pair_cell(r.m("model_states_bytes"), r.p("model_states_bytes"), nbytes, f"states-{r.run_id}"),
             pair_cell(r.m("comm_share_pct"), r.p("comm_share_pct"), pct, f"comm-{r.run_id}"),
             pair_cell(r.m("bubble_pct"), r.p("bubble_pct"), pct, f"bubble-{r.run_id}") if r.uses("pp")
             else "<td>-</td>",
             f'<td class="mono">{esc(r.run_id)}</td>'])
-    return (table(["status", "strategy", "engine", "degrees", "world", "step time", "tokens/s", "MFU",
+    return (table(["status", "strategy", "engine", "degrees", "world", "step time", "tokens/s", "tokens/s 95% CI",
+                   "repeats", "MFU",
                    "model states/rank", "comm share", "bubble", "run id"], rows, "runs-table", 'id="runs-table"')
-            + '<p class="small">Each cell: measured (median of the timed steps; memory: max over ranks), the cost '
-              "model's prediction, and measured/predicted coloured: <span class='ratio r-good'>within 10%</span> "
-              "<span class='ratio r-fair'>within 50%</span> <span class='ratio r-poor'>further</span>.</p>")
+            + '<p class="small">Each cell: measured (median of the timed steps, pooled over '
+              "the config's repeats; memory: max over ranks), the cost model's prediction, and measured/predicted "
+              "coloured: <span class='ratio r-good'>within 10%</span> "
+              "<span class='ratio r-fair'>within 50%</span> <span class='ratio r-poor'>further</span>. The 95% interval "
+              "of tokens/s is a bootstrap of the median over steps (and over repeats, when there are several).</p>")
 
 
 def scaling_view(study: Study, figs) -> tuple[str, dict | None]:

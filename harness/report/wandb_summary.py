@@ -30,14 +30,14 @@ def tables(study) -> dict[str, tuple[list[str], list[list]]]:
     metrics = ("step_time_s", "tokens_per_s", "mfu_pct", "model_states_bytes", "comm_share_pct", "bubble_pct")
     for k in metrics:
         runs_cols += [f"measured_{k}", f"predicted_{k}", f"ratio_{k}"]
-    runs_cols.append("error")
+    runs_cols += ["measured_tokens_per_s_ci95_lo", "measured_tokens_per_s_ci95_hi", "repeats", "error"]
     runs_rows = []
     for r in study.runs:
         row = [r.run_id, r.label, r.strategy, r.engine, r.status, r.degrees, r.world]
         for k in metrics:
             m, p = r.m(k), r.p(k)
             row += [m, p, (m / p) if m is not None and p else None]
-        row.append(r.r.get("error"))
+        row += [*(r.ci("tokens_per_s") or (None, None)), r.repeats, r.r.get("error")]
         runs_rows.append(row)
     out = {"runs": (runs_cols, runs_rows)}
     out["scaling"] = (["series", "kind", "run", "devices", "tokens_per_s", "speedup", "efficiency", "karp_flatt",

@@ -44,7 +44,8 @@ from rich.table import Table
 
 from harness.config import GiB
 from harness.labels import labels
-from harness.report.fmt import nbytes
+from harness.collect.repeats import config_records
+from harness.report.fmt import ci_text, nbytes
 from harness.run import record as rec
 from harness.run.record import FAILURES, Status
 
@@ -81,7 +82,7 @@ class Ending:
             self.count(record)
             print_summary(record, label)
         finally:
-            self.release(record["run_id"])
+            self.release(rec.claim_key(record["run_id"], record.get("repeat")))
         return record
 
     def count(self, record: dict) -> None:
@@ -250,9 +251,13 @@ STATUS_STYLE = {Status.OK: "green", Status.INVALID: "yellow", Status.FAILED: "re
 
 
 def results_table(records: list[dict], title: str, names: list[str] | None = None) -> Table:
-    """names: what to call each run (default: labels that tell the records apart)."""
+    """names: what to call each run (default: labels that tell the records apart, one row per config). A
+    config run several times (repeats=N) is one row: its repeats' pooled median and 95 % interval."""
+    if names is None:
+        records = config_records(records)
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("run", "batch", "step s", "pred s", "tokens/s", "MFU %", "states/rank", "pred", "status"):
+    for col in ("run", "batch", "step s", "pred s", "tokens/s", "95% CI", "n", "MFU %", "states/rank", "pred",
+                "status"):
         t.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=col != "status")
     for r, label in zip(records, names or labels(records)):
         m, p = r.get("measured") or {}, r.get("predicted") or {}
@@ -261,7 +266,8 @@ def results_table(records: list[dict], title: str, names: list[str] | None = Non
         batch = (r.get("config") or {}).get("workload", {}).get("global_batch_size")  # tells weak from strong scaling
         t.add_row(escape(label), _fmt(batch, "{}"),
                   _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
-                  _fmt(m.get("tokens_per_s"), "{:.0f}"), _fmt(m.get("mfu_pct"), "{:.1f}"),
+                  _fmt(m.get("tokens_per_s"), "{:.0f}"), ci_text(m.get("tokens_per_s_ci95")),
+                  str(r.get("repeats", 1)), _fmt(m.get("mfu_pct"), "{:.1f}"),
                   nbytes(m.get("model_states_bytes"), "-"), nbytes(p.get("model_states_bytes"), "-"),
                   f"[{STATUS_STYLE[status]}]{status}[/]{note}")
     return t

@@ -116,15 +116,16 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         return _finish(record, None, None, "", ending, at)
     at.config, at.run = config, run
 
-    # a named study: one invocation runs a config at a time (harness/run/ending.py)
+    # a named study: one invocation runs a config (each repeat of it) at a time (harness/run/ending.py)
+    key = rec.claim_key(rec.run_id(config), run.repeat)
     if run.study != ADHOC_STUDY:
-        held = _claim(run, rec.run_id(config), ending)
+        held = _claim(run, key, ending)
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
             return None
     done = rec.already_done(config, run)
     if done is not None:
-        ending.release(done["run_id"])
+        ending.release(key)
         done = {**done, "skipped": True}
         ending.count(done)
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
@@ -146,6 +147,7 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         return _finish(record, run, None, label, ending, at)
 
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
+    name += f"-r{run.repeat}" if run.repeat else ""
     slurm_job = _slurm_job(run)
     # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
     # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and

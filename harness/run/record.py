@@ -32,6 +32,7 @@ from pathlib import Path
 
 from harness.config import ADHOC_STUDY
 from harness.collect.fidelity import ratios as fidelity_ratios
+from harness.fingerprint import host_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,6 +197,12 @@ def read(path: Path) -> list[dict]:
     return out
 
 
+def claim_key(rid: str, repeat: int | None) -> str:
+    """What one invocation claims while it runs a config (harness/run/claim.py): its run_id, and the
+    repeat after the first, so two invocations of a study never run the same repeat twice."""
+    return rid + (f".r{repeat}" if repeat else "")
+
+
 def latest_by_run_id(records: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for r in records:
@@ -243,7 +250,7 @@ def parent_env() -> dict:
     commit, dirty = _git_state()
     return {"python": platform.python_version(), "torch": v("torch"), "deepspeed": v("deepspeed"),
             "hostname": socket.gethostname(), "platform": platform.platform(), "git_commit": commit,
-            "git_dirty": dirty, "brigade": v("brigade")}
+            "git_dirty": dirty, "brigade": v("brigade"), **host_fingerprint()}
 
 
 def make_record(config: dict, run, dims, status: str, error: str | None,
@@ -252,6 +259,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id(config),
+        "repeat": int(config.get("repeat") or 0),  # repeats=N: the same run_id N times (harness/collect/repeats.py)
         "study": config.get("study", ADHOC_STUDY),
         "strategy": (config.get("strategy") or {}).get("name"),
         "dims": dims.as_dict() if dims else None,
@@ -272,10 +280,13 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
 def already_done(config: dict, run) -> dict | None:
     """Resume: in a named study, a config that already has a finished record is not run again
     (rerun=failed re-runs failed/timeout/oom/diverged ones, rerun=all everything). An invalid or
-    interrupted run never finished, so it is always run again."""
+    interrupted run never finished, so it is always run again. Each repeat is its own run."""
+    from harness.collect.repeats import key
+
     if run.study == ADHOC_STUDY or run.rerun == "all":
         return None
-    done = latest_by_run_id(read(records_path(run.results_dir, run.study))).get(run_id(config))
+    mine = (run_id(config), int(config.get("repeat") or 0))
+    done = next((r for r in reversed(read(records_path(run.results_dir, run.study))) if key(r) == mine), None)
     if done is None or done["status"] in UNFINISHED:
         return None
     if run.rerun == "failed" and done["status"] != Status.OK:

@@ -87,5 +87,12 @@ def write_report(config: DictConfig, results_dir: str, study: str, records: list
                 console.print(f"W&B study summary: {where}")
         except Exception as e:  # noqa: BLE001 - same rule as the report
             console.print(f"[red]W&B study summary failed[/] ({escape(type(e).__name__)}: {escape(str(e))})")
+    try:
+        from harness.report.index import write_index
+
+        console.print(f"index: {write_index(results_dir)}")
+    except Exception as e:  # noqa: BLE001 - same rule as the report
+        console.print(f"[red]index failed[/] ({escape(type(e).__name__)}: {escape(str(e))}); "
+                      f"retry with `python -m harness.report --index {results_dir}`")
     console.file.flush()
     print(f"report: {html}", flush=True)

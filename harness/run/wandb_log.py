@@ -22,8 +22,30 @@ from harness.run.record import flatten
 
 
 
+# The metric keys every run logs once more against its scaling axes (the x axis: `devices`), so a W&B
+# workspace plots tokens/s against devices grouped by series, study, commit or cluster with no set-up.
+SCALING_METRICS = ("tokens_per_s", "tokens_per_s_ci95_lo", "tokens_per_s_ci95_hi", "step_time_s", "mfu_pct",
+                   "tokens_per_s_per_device", "model_states_bytes", "peak_mem_bytes", "comm_share_pct")
+
+
 def _scalars(d: dict) -> dict:
-    return {k: v for k, v in flatten(d).items() if isinstance(v, (int, float, str, bool)) or v is None}
+    """Flat scalar fields; a 95 % interval [lo, hi] (`<key>_ci95`) becomes `<key>_ci95_lo` and `_hi`."""
+    out = {}
+    for k, v in flatten(d).items():
+        if k.endswith("_ci95") and isinstance(v, list) and len(v) == 2:
+            out[f"{k}_lo"], out[f"{k}_hi"] = v
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[k] = v
+    return out
+
+
+def scaling_axes(record: dict) -> dict:
+    """What a scaling curve is drawn against and grouped by: devices (the world size), and the series,
+    study, commit and cluster the run belongs to (the environment fingerprint: harness/fingerprint.py)."""
+    env, cfg = record.get("env") or {}, record.get("config") or {}
+    return {"devices": (record.get("dims") or {}).get("world_size") or env.get("world_size"),
+            "series": cfg.get("series") or "", "study": record.get("study"), "commit": env.get("git_commit"),
+            "cluster": env.get("cluster"), "repeat": record.get("repeat", 0)}
 
 
 def wandb_env(run_dir: Path, mode: str) -> dict[str, str]:
@@ -56,13 +78,21 @@ def run_identity(record: dict, run_dir: Path, logger_cfg, name: str) -> dict:
 def log_record(record: dict, ident: dict, run_dir: Path, logger_cfg, job_type: str) -> str | None:
     """Log one record as the W&B run `ident` (run_identity); None once that run exists, else why not."""
     os.environ.update(wandb_env(run_dir, logger_cfg.mode))
+    axes = scaling_axes(record)
     try:
         import wandb
 
         run = wandb.init(project=ident["project"], entity=logger_cfg.entity, group=ident["group"], id=ident["id"],
-                         job_type=job_type, name=ident["name"], config=flatten(record.get("config") or {}),
+                         job_type=job_type, name=ident["name"],
+                         config={**flatten(record.get("config") or {}), **{f"axes/{k}": v for k, v in axes.items()}},
                          dir=str(run_dir), reinit="finish_previous",
                          settings=wandb.Settings(console="off", x_disable_stats=True))
+        # per step: loss and step time against `step`; per run: SCALING_METRICS against `devices`
+        run.define_metric("step")
+        run.define_metric("loss", step_metric="step")
+        run.define_metric("step_time_s", step_metric="step")
+        run.define_metric("devices")
+        run.define_metric("scaling/*", step_metric="devices")
         m = record.get("measured") or {}
         for i, (loss, t) in enumerate(zip(m.get("losses", []), [None] * m.get("warmup_steps", 0)
                                           + m.get("step_times_s", []))):
@@ -70,7 +100,11 @@ def log_record(record: dict, ident: dict, run_dir: Path, logger_cfg, job_type: s
             if t is not None:
                 row["step_time_s"] = t
             run.log(row, step=i)
-        summary = {"status": record["status"], "run_id": record["run_id"]}
+        flat = _scalars(m)
+        run.log({"devices": axes["devices"], **{f"scaling/{k}": flat[k] for k in SCALING_METRICS
+                                                  if isinstance(flat.get(k), (int, float))}},
+                step=len(m.get("losses", [])))  # a row of its own, after the steps
+        summary = {"status": record["status"], "run_id": record["run_id"], **{f"axes/{k}": v for k, v in axes.items()}}
         for prefix in ("measured", "predicted", "fidelity"):
             summary.update({f"{prefix}/{k}": v for k, v in _scalars(record.get(prefix) or {}).items()})
         run.summary.update(summary)

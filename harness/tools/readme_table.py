@@ -107,7 +107,8 @@ def groups_table(conf: Path = config.CONF_DIR) -> str:
     for group, cls in NAMED_FIELDS.items():
         names = ", ".join(f"`{f.name}`" for f in dataclasses.fields(cls) if f.name != "name")
         rows.append(f"| `{group}.<field>` | {names} (each commented in `harness/config.py`) |")
-    rows.append(f"| `series=` | {field_comments(config.RunConfig)['series']} |")
+    top = field_comments(config.RunConfig)
+    rows += [f"| `{name}=` | {top[name]} |" for name in ("series", "repeats")]
     return "\n".join([GROUPS_BEGIN, *rows, GROUPS_END])
 
 

@@ -40,12 +40,10 @@ def _environment(device) -> dict:
         env["deepspeed"] = version("deepspeed")
     except Exception:  # noqa: BLE001 - deepspeed is optional for people who bring their own stack
         env["deepspeed"] = None
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    else:
-        env["device_name"] = _cpu_name()
+    from harness.fingerprint import rank_fingerprint
+
+    env.update(rank_fingerprint(device))  # CUDA, NCCL, driver, GPUs, interconnect, SLURM job
+    env["device_name"] = env["gpu_name"] if device.type == "cuda" else _cpu_name()
     return env
 
 
@@ -90,6 +88,30 @@ def _host_rss_at_setup(strategy, device, rss_before_model: int) -> dict:
     params = measure.tensor_bytes(strategy.state_tensors()["params"]) if device.type == "cpu" else 0
     return {"host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "host_peak_rss_predicted_bytes": rss_before_model + params}
+
+
+def _slow_steps(strategy, pct: float, device) -> None:
+    """slow_step_pct: a regression on purpose. Each training step, once done (device synchronised),
+    busy-waits pct % of its own time, inside the timed region: the step is 1 + pct/100 times as long.
+    A busy wait, not a sleep: the kernel's scheduler favours a process that slept, so on a loaded CPU a
+    sleeping rank won the cores back from other jobs and computed faster (ddp dp2 at load 10 ran its
+    steps faster with a 30 % sleep than without, 12-04); a spinning rank competes as the work it stands for."""
+    import torch
+
+    step = strategy.train_step
+
+    def slowed(microbatches):
+        t0 = time.perf_counter()
+        loss = step(microbatches)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        end = time.perf_counter()
+        end += (end - t0) * pct / 100
+        while time.perf_counter() < end:
+            pass
+        return loss
+
+    strategy.train_step = slowed
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -163,6 +185,8 @@ def _run(run_dir: Path, rank: int) -> None:
         time.sleep(10**6)
     if run.fault == "hang_rank1" and rank == 1:
         time.sleep(10**6)
+    if run.slow_step_pct:
+        _slow_steps(strategy, run.slow_step_pct, device)
 
     progress_file = run_dir / rundir.PROGRESS
 

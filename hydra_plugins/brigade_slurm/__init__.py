@@ -196,7 +196,7 @@ def _claim(ending, task_cfg) -> tuple[str | None, str]:
     """(who holds it, or None once this process holds it for submission; its run_id, "" if none:
     an ad-hoc run, or a config the task function will refuse)."""
     from harness.config import as_dict, to_run_config
-    from harness.run.record import run_id
+    from harness.run.record import claim_key, run_id
 
     try:
         run = to_run_config(task_cfg)
@@ -204,7 +204,7 @@ def _claim(ending, task_cfg) -> tuple[str | None, str]:
         return None, ""
     if run.study == ADHOC_STUDY:
         return None, ""
-    rid = run_id(as_dict(run))
+    rid = claim_key(run_id(as_dict(run)), run.repeat)
     line = ending.claim(run.results_dir, run.study, rid, SUBMITTING)
     return (held_by(line, run.results_dir, run.study, rid) if line else None), rid
 

@@ -11,7 +11,8 @@ experiment overlay lists its runs, each a list of overrides:
           - [strategy=ddp, parallel.dp=2]
 
 Command-line sweeps (`strategy=ddp,fsdp`) still expand as with Hydra's basic sweeper and are crossed
-with the runs; on the same key the command line wins. Before launching, every job is composed once:
+with the runs; on the same key the command line wins. `repeats=N` runs the whole list N times,
+round-robin, each job with `repeat=i`. Before launching, every job is composed once:
 a job that cannot be composed (an unknown config option) becomes an `invalid` record and the sweep
 goes on. A job whose launcher reports a failure without a record (a SLURM job killed before it could
 write one) gets a `failed` record here. At the end the study's table is printed (and its report
@@ -84,6 +85,14 @@ class StudySweeper(Sweeper):
             out.append([o for o in run if _key(o) not in keys] + list(base))
         return out
 
+    def repeated(self, jobs: list[list[str]]) -> list[list[str]]:
+        """repeats=N: every job N times, round-robin (A B C A B C ...), so that drift over the study
+        (another job starting on the machine, a clock change) falls on every config alike."""
+        n = self.config.get("repeats", 1)
+        if not isinstance(n, int) or n <= 1:  # repeats < 1: each job's validation refuses it, with its record
+            return jobs
+        return [[*job, f"repeat={i}"] for i in range(n) for job in jobs]
+
     def sweep(self, arguments: list[str]) -> Any:
         from rich.markup import escape
 
@@ -96,7 +105,7 @@ class StudySweeper(Sweeper):
         # other way gets the task function's own.
         task = self.launcher.task_function
         ending = task.ending if isinstance(task, Task) else Task().ending
-        jobs = self.jobs(arguments)
+        jobs = self.repeated(self.jobs(arguments))
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")

@@ -1,0 +1,162 @@
+"""`python -m harness.compare A.jsonl B.jsonl [--threshold PCT]`: did B get slower than A, and is it real?
+
+Runs are matched by config (run_id: the config less what does not change what is measured; never the
+environment), so a study rerun after a torch, NCCL or driver upgrade, on another cluster or on a new
+commit compares run for run. For each config:
+
+    tokens/s of A and B       median and bootstrap 95 % interval over the config's repeats and steps
+    ratio B/A                 with its own bootstrap 95 % interval (A and B resampled independently)
+    verdict                   slower: the whole interval below 1 - PCT/100; faster: above 1 + PCT/100;
+                              same otherwise (within noise, or within the threshold)
+    memory                    peak and model-state bytes, any change in exact bytes
+
+then what differs between the two environments (harness/fingerprint.py), and the configs only one side
+ran. Exit status: 1 if any config is slower (a CI job can gate on it), 0 otherwise, 2 for bad input.
+The model is pyperf's compare_to and asv's regression check; the noise model is harness/collect/stats.py.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.collect import repeats as rp
+from harness.collect import stats
+from harness.fingerprint import COMPARED
+from harness.labels import labels
+from harness.report.fmt import ci_text, nbytes
+from harness.run import record as rec
+
+DEFAULT_THRESHOLD_PCT = 5.0
+MEMORY_KEYS = ("peak_mem_bytes", "model_states_bytes")
+
+
+def verdict(lo: float, hi: float, threshold_pct: float) -> str:
+    """slower / faster when the ratio's whole 95 % interval lies beyond the threshold, else same."""
+    t = threshold_pct / 100
+    if hi < 1 - t:
+        return "slower"
+    if lo > 1 + t:
+        return "faster"
+    return "same"
+
+
+@dataclass
+class Row:
+    run_id: str
+    label: str
+    a: dict | None  # the config's record on each side (harness/collect/repeats.config_record)
+    b: dict | None
+    ratio: tuple[float, float, float] | None = None  # tokens/s B/A, lo, hi
+    verdict: str = ""  # slower | faster | same | "" (not comparable: see note)
+    note: str = ""
+    memory: list[str] = field(default_factory=list)  # "peak_mem_bytes 1,234 -> 1,240 B (+6 B)"
+
+
+def compare_configs(a: dict[str, list[dict]], b: dict[str, list[dict]], threshold_pct: float) -> list[Row]:
+    """A row per config either side ran (A's order, then B's own); a and b: repeats.by_config."""
+    ids = list(dict.fromkeys([*a, *b]))
+    shown = [rp.config_record(a.get(i) or b[i]) for i in ids]
+    rows = []
+    for i, label in zip(ids, labels(shown)):
+        ra, rb = (rp.config_record(side[i]) if i in side else None for side in (a, b))
+        row = Row(i, label, ra, rb)
+        rows.append(row)
+        if ra is None or rb is None:
+            row.note = f"only in {'A' if rb is None else 'B'}"
+            continue
+        ga, gb = rp.step_groups(a[i]), rp.step_groups(b[i])
+        if not ga or not gb:
+            row.note = f"not comparable: A {ra['status']}, B {rb['status']}"
+            continue
+        # tokens per step is the config's, so tokens/s B/A = median step A / median step B
+        row.ratio = stats.ratio_ci(gb, ga)
+        row.verdict = verdict(row.ratio[1], row.ratio[2], threshold_pct)
+        for k in MEMORY_KEYS:
+            x, y = ra["measured"].get(k), rb["measured"].get(k)
+            if x != y:
+                diff = f" ({y - x:+,} B)" if isinstance(x, int) and isinstance(y, int) else ""
+                row.memory.append(f"{k} {nbytes(x, '-')} -> {nbytes(y, '-')}{diff}")
+    return rows
+
+
+def env_differences(a: list[dict], b: list[dict]) -> list[tuple[str, str, str]]:
+    """(field, A's values, B's values) for every fingerprint field whose values differ between the sides."""
+    def values(records, key):
+        seen = dict.fromkeys(str((r.get("env") or {}).get(key)) for r in records if r.get("status") == "ok")
+        return ", ".join(seen) or "-"
+
+    out = []
+    for key in COMPARED:
+        va, vb = values(a, key), values(b, key)
+        if va != vb:
+            out.append((key, va, vb))
+    return out
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"no records file at {path}")
+    records = rp.latest(rec.read(path))
+    if not records:
+        raise ValueError(f"{path} holds no records")
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="the baseline records file (<results_dir>/<study>.jsonl)")
+    ap.add_argument("b", type=Path, help="the records file to compare with it")
+    ap.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT,
+                    help="a change smaller than this %% of tokens/s is `same` (default %(default)s)")
+    args = ap.parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    if not 0 <= args.threshold < 100:
+        console.print(f"--threshold {args.threshold}: a percentage of tokens/s in [0, 100)")
+        return 2
+    try:
+        a, b = _read(args.a), _read(args.b)
+    except (OSError, ValueError) as e:
+        console.print(escape(str(e)))
+        return 2
+    rows = compare_configs(rp.by_config(a), rp.by_config(b), args.threshold)
+    t = Table(title=f"{args.b} vs {args.a} (threshold {args.threshold:g} %)", title_justify="left",
+              header_style="bold")
+    for col in ("run", "A tokens/s", "A 95% CI", "n", "B tokens/s", "B 95% CI", "n", "B/A", "B/A 95% CI", "verdict"):
+        t.add_column(col, justify="left" if col in ("run", "verdict") else "right")
+    style = {"slower": "red", "faster": "green", "same": "white"}
+    for r in rows:
+        side = []
+        for x in (r.a, r.b):
+            m = (x or {}).get("measured") or {}
+            side += [f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "-",
+                     ci_text(m.get("tokens_per_s_ci95")), str(x.get("repeats", 1)) if x else "-"]
+        ratio = ("-", "-") if r.ratio is None else (f"{r.ratio[0]:.3f}", f"{r.ratio[1]:.3f}-{r.ratio[2]:.3f}")
+        v = f"[{style[r.verdict]}]{r.verdict}[/]" if r.verdict else f"[yellow]{escape(r.note)}[/]"
+        t.add_row(escape(r.label), *side, *ratio, v)
+    console.print(t)
+    for r in rows:
+        for line in r.memory:
+            console.print(f"memory changed: {escape(r.label)}: {escape(line)}")
+    diffs = env_differences(a, b)
+    for key, va, vb in diffs:
+        console.print(f"environment differs: {key}: A {escape(va)} | B {escape(vb)}")
+    if not diffs:
+        console.print(f"environment: the same in {', '.join(COMPARED)}")
+    for r in rows:
+        if r.note.startswith("only in"):
+            console.print(f"{r.note}: {escape(r.label)} ({r.run_id})")
+    slower = [r for r in rows if r.verdict == "slower"]
+    counts = {v: sum(r.verdict == v for r in rows) for v in ("slower", "faster", "same")}
+    console.print(f"{counts['slower']} slower, {counts['faster']} faster, {counts['same']} same, "
+                  f"{len(rows) - sum(counts.values())} not compared; exit {1 if slower else 0}")
+    return 1 if slower else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

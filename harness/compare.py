@@ -12,7 +12,7 @@ commit compares run for run. For each config:
 
 then what differs between the two environments (harness/fingerprint.py), and the configs only one side
 ran. Exit status: 1 if any config is slower (a CI job can gate on it), 0 otherwise, 2 for bad input.
-The model is pyperf's compare_to and asv's regression check; the noise model is harness/collect/stats.py.
+The model is pyperf's compare_to and asv's regression check; the noise model is harness/collect/aggregate.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.collect import repeats as rp
-from harness.collect import stats
+from harness.collect import aggregate
 from harness.fingerprint import COMPARED
 from harness.labels import labels
 from harness.report.fmt import ci_text, nbytes
@@ -75,7 +75,7 @@ def compare_configs(a: dict[str, list[dict]], b: dict[str, list[dict]], threshol
             row.note = f"not comparable: A {ra['status']}, B {rb['status']}"
             continue
         # tokens per step is the config's, so tokens/s B/A = median step A / median step B
-        row.ratio = stats.ratio_ci(gb, ga)
+        row.ratio = aggregate.ratio_ci(gb, ga)
         row.verdict = verdict(row.ratio[1], row.ratio[2], threshold_pct)
         for k in MEMORY_KEYS:
             x, y = ra["measured"].get(k), rb["measured"].get(k)

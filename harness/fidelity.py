@@ -1,6 +1,6 @@
 """`python -m harness.fidelity results/<study>.jsonl ... [--best] [--repredict [hardware=<profile>]]`: a
 study's measured/predicted ratios as a Markdown table, one row per config (the ratios themselves:
-harness/collect/fidelity.py). Each config's latest ok record; with --best its fastest ok record over every
+harness/collect/aggregate.py). Each config's latest ok record; with --best its fastest ok record over every
 file given (the best of several passes of the same study, which is how a shared machine's noise is set
 aside: issue 13's fidelity goal is the best of 3). With three configs or more, the last line ranks them:
 Spearman's rho of predicted against measured tokens/s (harness/tools/plan_check.py).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.collect.fidelity import ratios, within_goal
+from harness.collect.aggregate import ratios, within_goal
 from harness.labels import labels
 
 # -- the table ----------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ def predict_again(records: list[dict], hardware: str | None = None) -> tuple[lis
 
     from omegaconf import OmegaConf
 
-    from harness.collect.fidelity import ratios as fidelity_ratios
+    from harness.collect.aggregate import ratios as fidelity_ratios
     from harness.config import compose_run, to_run_config
     from harness.costmodel import predict
     from harness.dims import ParallelDims

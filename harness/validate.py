@@ -8,11 +8,11 @@ from __future__ import annotations
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig
 from harness.dims import MESH_AXES, ConfigError, ParallelDims
-from harness.domains import check_domains
+from harness.config import check_domains
 
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
 MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),
-                 "loss": ("fp32", "chunked")}  # loss: models/loss.py LOSSES
+                 "loss": ("fp32", "chunked")}  # loss: models/gpt.py LOSSES
 
 
 def available_strategies() -> list[str]:

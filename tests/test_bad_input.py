@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from harness.config import RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError
-from harness.domains import DOMAINS
+from harness.config import DOMAINS
 from harness.run import record as rec
 from harness.run.job import _plan
 from launch import local

@@ -26,7 +26,7 @@ HELD_OUT = {
     # SwiGLU: gate and up each reduce their input gradient, 7 all-reduces per block (6 caught it: 1.15)
     "llama_tiny_tp": (["model=llama_tiny", "strategy=tp", "parallel.tp=2"], "tp"),
 }
-# The same goal as the fidelity study's in-sample figures (harness/collect/fidelity.py GOALS).
+# The same goal as the fidelity study's in-sample figures (harness/collect/aggregate.py GOALS).
 TOLERANCE = 0.05
 
 

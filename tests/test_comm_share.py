@@ -7,7 +7,7 @@ hides part of them). The truth is clocked inside the same steps by other instrum
 profiler: each all-reduce spans launch -> completion (stamped by a callback on its future, on gloo's
 thread), each compute chunk is timed with the wall clock; comm = |union of the all-reduces|,
 exposed = |that union less the compute chunks| (the definition trace_analysis applies to traces).
-harness/worker/profiling.py's window and harness/collect/trace_analysis.py must agree within 10 points. Behaviour, not seconds: every figure compared
+harness/worker/measure.py's window and harness/collect/trace_analysis.py must agree within 10 points. Behaviour, not seconds: every figure compared
 is a share of the same steps.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/test_comm_share.py <out.json>
@@ -94,7 +94,7 @@ def _worker(out: str) -> None:
 
     from harness.config import RunConfig, StrategyConfig, WorkloadConfig
     from harness.dims import ParallelDims
-    from harness.worker.profiling import FR_BUFFER_SIZE, ProfiledWindow
+    from harness.worker.measure import FR_BUFFER_SIZE, ProfiledWindow
     import os
 
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))

@@ -1,4 +1,4 @@
-"""Noise, repeats and comparisons: the bootstrap intervals (harness/collect/stats.py), a config's
+"""Noise, repeats and comparisons: the bootstrap intervals (harness/collect/aggregate.py), a config's
 statistics from its repeats (harness/collect/repeats.py), and `python -m harness.compare`'s verdicts,
 memory and environment differences, one-sided runs and exit status, on records made by make_record."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from harness.collect import repeats as rp
-from harness.collect import stats
+from harness.collect import aggregate
 from harness.compare import compare_configs, verdict
 from harness.config import as_dict, to_run_config
 from harness.run.record import make_record
@@ -22,10 +22,10 @@ from tests.helpers import REPO, compose_config
 def test_the_bootstrap_interval_is_deterministic_and_holds_the_median():
     rng = random.Random(1)
     steps = [0.1 + rng.gauss(0, 0.005) for _ in range(20)]
-    med, lo, hi = stats.median_ci([steps])
-    assert lo <= med <= hi and (med, lo, hi) == stats.median_ci([steps])  # a pure function of the samples
+    med, lo, hi = aggregate.median_ci([steps])
+    assert lo <= med <= hi and (med, lo, hi) == aggregate.median_ci([steps])  # a pure function of the samples
     assert lo >= min(steps) and hi <= max(steps)
-    one = stats.median_ci([[0.2] * 10])
+    one = aggregate.median_ci([[0.2] * 10])
     assert one == (0.2, 0.2, 0.2)
 
 
@@ -34,8 +34,8 @@ def test_drift_between_repeats_widens_a_configs_interval():
     pooling the steps as if from one run would not."""
     rng = random.Random(2)
     repeats = [[base + rng.gauss(0, 0.001) for _ in range(10)] for base in (0.10, 0.11, 0.12)]
-    _, lo, hi = stats.median_ci(repeats)
-    _, lo_flat, hi_flat = stats.median_ci([[x for r in repeats for x in r]])
+    _, lo, hi = aggregate.median_ci(repeats)
+    _, lo_flat, hi_flat = aggregate.median_ci([[x for r in repeats for x in r]])
     assert hi - lo > 1.5 * (hi_flat - lo_flat)
 
 
@@ -58,7 +58,7 @@ def _record(tmp_path, overrides, repeat, steps, env=None, mem=1000, status="ok")
     tokens = run.workload.global_batch_size * run.model.seq_len
     measured = {"step_times_s": steps, "step_time_s": sorted(steps)[len(steps) // 2], "tokens_per_step": tokens,
                 "tokens_per_s": tokens / sorted(steps)[len(steps) // 2], "peak_mem_bytes": mem,
-                "model_states_bytes": 4096, **stats.throughput_ci(steps, tokens)} if status == "ok" else {}
+                "model_states_bytes": 4096, **aggregate.throughput_ci(steps, tokens)} if status == "ok" else {}
     return make_record(config, run, dims, status, None if status == "ok" else "boom", measured, {}, env or {})
 
 
@@ -143,7 +143,7 @@ def test_wandb_defines_the_scaling_metrics_and_logs_the_intervals(tmp_path):
     in config and summary, and the tokens/s interval's bounds in the summary."""
     from omegaconf import OmegaConf
 
-    from harness.run.wandb_log import SCALING_METRICS, log_record
+    from harness.run.record import SCALING_METRICS, log_record
     from tests.wandb_file import records as wandb_records, summary_and_history
 
     rng = random.Random(7)

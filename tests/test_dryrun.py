@@ -7,7 +7,7 @@ import pytest
 
 from harness.config import compose_run
 from harness.dims import ConfigError
-from harness.domains import MAX_WORLD
+from harness.config import MAX_WORLD
 from harness.validate import validate
 from tests.helpers import run
 
@@ -50,7 +50,7 @@ def test_dry_run_at_world_8_gives_the_bytes_of_the_real_gloo_run(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["strategy=zero2", "strategy.engine=deepspeed", "parallel.dp=2"], "engine deepspeed builds its own communicator"),
     (["strategy=ddp", "parallel.dp=2", "launcher.ranks=[0,2]"], r"launcher.ranks \[2\] outside the world: ranks are 0..1"),
-    # the one world-size limit (harness/domains.py, the cost model's per-rank lists) holds for dry runs too
+    # the one world-size limit (harness/config.py, the cost model's per-rank lists) holds for dry runs too
     (["strategy=3d", f"parallel.dp={MAX_WORLD}", "parallel.tp=2", f"workload.global_batch_size={MAX_WORLD}",
       "workload.micro_batch_size=1"], rf"= {2 * MAX_WORLD} ranks \(must be <= {MAX_WORLD}\)"),
 ])

@@ -1,4 +1,4 @@
-"""model.loss (models/loss.py): chunked equals fp32 in loss and every gradient, holds the bytes the
+"""model.loss (models/gpt.py): chunked equals fp32 in loss and every gradient, holds the bytes the
 cost model counts (measured tensor by tensor on CPU), is refused where it cannot run, keeps old
 run_ids, and runs through brigade."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from harness.run.record import run_id
 from harness.validate import MODEL_OPTIONS, validate
 from launch.dryrun import PeakBytes
 from models.gpt import build_model
-from models.loss import LOSSES, chunked_cross_entropy, cross_entropy, loss_function
+from models.gpt import LOSSES, chunked_cross_entropy, cross_entropy, loss_function
 
 
 def tiny_batch(run, b=2):

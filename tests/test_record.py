@@ -160,7 +160,7 @@ def test_fidelity_predicts_records_again_on_their_own_or_another_profile():
     """--repredict: the committed demo records predicted again from their own configs; on the profile they
     were recorded on (cpu_reference) the same as from the copy in each record, on another its figures, and
     the ratios made again from the new predictions; three configs or more get a rank correlation."""
-    from harness.collect.fidelity import ratios
+    from harness.collect.aggregate import ratios
     from harness.fidelity import predict_again, rank_line
 
     src = Path(__file__).parents[1] / "results" / "reference" / "demo.jsonl"
@@ -203,7 +203,7 @@ def test_a_reader_waits_for_an_append_in_progress(tmp_path):
 
 
 def test_write_atomic_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
-    from harness.rundir import write_atomic
+    from harness.run.record import write_atomic
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -219,7 +219,7 @@ def test_write_atomic_syncs_the_file_before_the_rename_and_the_directory_after(t
 
 
 def test_write_atomic_that_fails_leaves_the_old_file_and_no_partial_one(tmp_path):
-    from harness.rundir import write_atomic
+    from harness.run.record import write_atomic
 
     target = tmp_path / "measurement.json"
     write_atomic(target, b"old")

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from harness.collect import repeats as rp
-from harness.collect import stats
+from harness.collect import aggregate
 from harness.report.fmt import ci_text
 from harness.report.index import INDEX, load_studies, write_index
 from tests.helpers import FAST, REPO, cli, records
@@ -61,7 +61,7 @@ def test_repeats_run_round_robin_each_its_own_record(noise_studies):
     assert list(env["gpus"]) == env["nodes"] and env["cluster"]
     for r in rows:  # each run's own interval, from its step times
         m = r["measured"]
-        med, lo, hi = stats.median_ci([m["step_times_s"]])
+        med, lo, hi = aggregate.median_ci([m["step_times_s"]])
         assert m["step_time_s"] == med and m["step_time_s_ci95"] == [lo, hi]
         assert m["tokens_per_s_ci95"] == pytest.approx([m["tokens_per_step"] / hi, m["tokens_per_step"] / lo])
     # the end-of-study table and the report: one row for the config, its repeats pooled with their interval

@@ -6,8 +6,10 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 """
 from __future__ import annotations
 
+import statistics
+
 from harness import catalog, fingerprint
-from harness.collect import stats
+from harness.collect import trace_analysis
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
 
 # master_bytes: a separate fp32 master copy (DeepSpeed's ZeRO optimizers hold one even in fp32); 0 elsewhere
@@ -22,13 +24,13 @@ def aggregate(run, dims, measurement: dict) -> dict:
         return aggregate_dryrun(run, dims, measurement)
     ranks = sorted(measurement["ranks"], key=lambda r: r["rank"])
     steps = [max(ts) for ts in zip(*(r["step_times"] for r in ranks))]
-    out = stats.step_stats(steps)
+    out = step_stats(steps)
     out["steps_timed"] = len(steps)
     out["step_times_s"] = steps
     tokens = run.workload.global_batch_size * run.model.seq_len
     out["tokens_per_step"] = tokens
     out["tokens_per_s"] = tokens / out["step_time_s"]
-    out.update(stats.throughput_ci(steps, tokens))
+    out.update(throughput_ci(steps, tokens))
     out["tokens_per_s_per_device"] = out["tokens_per_s"] / dims.world_size
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     out["model_flops_per_step"] = flops
@@ -58,10 +60,8 @@ def aggregate(run, dims, measurement: dict) -> dict:
 
 
 def _comm(ranks: list[dict]) -> dict:
-    """The profiled window's communication figures (harness/worker/profiling.py), merged across ranks:
+    """The profiled window's communication figures (harness/worker/measure.py), merged across ranks:
     shares mean over ranks, bytes max over ranks (trace_analysis.merge_ranks), A/B max per step."""
-    from harness.collect.comm_merge import merge
-
     return merge(ranks)
 
 
@@ -78,3 +78,175 @@ def environment(ranks: list[dict]) -> dict:
         env.pop(key, None)
     env.update(fingerprint.merge([r["env"] for r in ranks], node_of))
     return env
+
+
+# -- stats -----------------------------------------------------------------------------------------
+# Step-time statistics: pure Python, so the parent process aggregates without importing torch.
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linearly interpolated percentile, q in [0, 100] (numpy's default method)."""
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def step_stats(step_times: list[float]) -> dict[str, float]:
+    return {"step_time_s": statistics.median(step_times),
+            "step_time_s_p10": percentile(step_times, 10),
+            "step_time_s_p90": percentile(step_times, 90),
+            "step_time_s_mean": statistics.fmean(step_times),
+            "step_time_s_std": statistics.pstdev(step_times)}
+
+
+# -- noise: bootstrap confidence intervals (the model for a comparison is pyperf's and asv's) --------
+# Resamples per interval. A fixed seed makes every interval a pure function of its samples: the same
+# records always give the same table, report and `harness.compare` verdict.
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 95.0
+_SEED = 0x5EED
+
+
+def _medians(groups: list[list[float]], rng, resamples: int) -> list[float]:
+    """Two-level bootstrap of the pooled median: draw the groups (repeats) with replacement, then each
+    drawn group's samples (steps) with replacement. Between-repeat drift (another job on the machine,
+    a clock change between repeats) widens the interval, not only the scatter within one run."""
+    out = []
+    for _ in range(resamples):
+        pool: list[float] = []
+        for g in (groups[rng.randrange(len(groups))] for _ in groups):
+            pool.extend(g[rng.randrange(len(g))] for _ in g)
+        out.append(statistics.median(pool))
+    return out
+
+
+def median_ci(groups: list[list[float]], resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
+    """(median, lo, hi): the median of every sample pooled and its bootstrap 95 % interval.
+    groups: one list of step times per repeat (one group: a run's own interval, over its steps)."""
+    import random
+
+    groups = [list(g) for g in groups if g]
+    if not groups:
+        raise ValueError("median_ci needs at least one sample")
+    draws = _medians(groups, random.Random(_SEED), resamples)
+    tail = (100 - CONFIDENCE) / 2
+    return statistics.median([x for g in groups for x in g]), percentile(draws, tail), percentile(draws, 100 - tail)
+
+
+def ratio_ci(a: list[list[float]], b: list[list[float]],
+             resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
+    """(ratio, lo, hi): median(b) / median(a) and its bootstrap 95 % interval, a and b resampled
+    independently (two studies are two independent sets of repeats)."""
+    import random
+
+    rng = random.Random(_SEED)
+    da, db = _medians(a, rng, resamples), _medians(b, rng, resamples)
+    ratios = [y / x for x, y in zip(da, db)]
+    tail = (100 - CONFIDENCE) / 2
+    point = statistics.median([x for g in b for x in g]) / statistics.median([x for g in a for x in g])
+    return point, percentile(ratios, tail), percentile(ratios, 100 - tail)
+
+
+def throughput_ci(groups_or_steps: list, tokens_per_step: float) -> dict:
+    """The 95 % intervals of the median step time and of tokens/s (tokens per step / step time, so
+    its bounds are the step interval's, swapped). Takes a run's step times or a list of repeats'."""
+    groups = groups_or_steps if groups_or_steps and isinstance(groups_or_steps[0], list) else [groups_or_steps]
+    _, lo, hi = median_ci(groups)
+    return {"step_time_s_ci95": [lo, hi], "tokens_per_s_ci95": [tokens_per_step / hi, tokens_per_step / lo]}
+
+
+# -- fidelity --------------------------------------------------------------------------------------
+# Predicted vs measured: every record's `fidelity` object.
+#
+#     fidelity[k]              = measured[k] / predicted[k]      for each k in KEYS both sides have
+#     fidelity[k_diff_points]  = measured[k] - predicted[k]      for the percentages in POINTS
+#
+# A ratio of 1 is a perfect prediction; > 1 means the model under-predicts. Where the model predicts 0
+# and the run measured more, the ratio is None (no finite ratio: a missed term, shown as such).
+# Peak memory is compared only where the measurement is tensor memory (CUDA max_allocated, or a
+# tensor peak a strategy reports): the CPU fallback is process RSS (~220 MB of torch, allocator
+# caching), which a tensor-memory model cannot and should not predict.
+# The table of a study's ratios: `python -m harness.fidelity results/<study>.jsonl` (harness/fidelity.py).
+
+KEYS = ("step_time_s", "tokens_per_s", "model_states_bytes", "params_bytes", "grads_bytes", "optimizer_bytes",
+        "peak_mem_bytes", "comm_share_pct", "comm_exposed_pct", "bubble_pct",
+        "comm_dp_bytes", "comm_tp_bytes", "comm_pp_bytes", "comm_ep_bytes",
+        # a profiled step's compute by kind of work (harness/collect/compute_classes.py)
+        "compute_time_s", "compute_gemm_time_s", "compute_attention_time_s", "compute_elementwise_time_s",
+        "compute_optimizer_time_s")
+POINTS = ("comm_share_pct", "comm_exposed_pct", "bubble_pct")
+# The issue's goal on a 2-core CPU at world <= 2, after calibration: |ratio - 1| (or points) within these.
+GOALS = {"step_time_s": 0.20, "model_states_bytes": 0.01, "comm_dp_bytes": 0.05, "comm_tp_bytes": 0.05,
+         "comm_pp_bytes": 0.05, "comm_ep_bytes": 0.05, "bubble_pct_diff_points": 5.0}
+RSS_KINDS = ("cpu_peak_rss",)
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def ratios(measured: dict, predicted: dict) -> dict:
+    """measured/predicted for every metric both have (see the module docstring)."""
+    out: dict = {}
+    for k in KEYS:
+        m, p = measured.get(k), predicted.get(k)
+        if not (_num(m) and _num(p)):
+            continue
+        if k == "peak_mem_bytes" and measured.get("peak_mem_kind") in RSS_KINDS:
+            continue
+        if p:
+            out[k] = m / p
+        elif m:
+            out[k] = None
+        if k in POINTS:
+            out[f"{k}_diff_points"] = m - p
+    return out
+
+
+def within_goal(fid: dict) -> dict[str, bool]:
+    """Which of the study's goals this record meets (metrics it has only)."""
+    out = {}
+    for k, tol in GOALS.items():
+        v = fid.get(k)
+        if v is None:
+            continue
+        out[k] = abs(v) <= tol if k.endswith("_points") else abs(v - 1) <= tol
+    return out
+
+
+# -- comm merge ------------------------------------------------------------------------------------
+# Every rank's profiled-window figures (harness/worker/measure.py) -> the record's measured keys.
+#
+# Pure Python (no torch), so the parent process aggregates a run without importing torch.
+
+def ab_exposed(rank_abs: list[dict]) -> dict:
+    """Per-rank A/B timings -> measured keys. A step ends when its slowest rank is done (max over
+    ranks), then the median over pairs, as in the timed loop."""
+    abs_ = [a for a in rank_abs if a]
+    if not abs_ or not all(a.get("applicable") for a in abs_):
+        return {"comm_exposed_ab_pct": None, "comm_ab_note": "no sync_disabled() for this strategy"} if abs_ else {}
+    sync = statistics.median(max(ts) for ts in zip(*(a["sync_s"] for a in abs_)))
+    nosync = statistics.median(max(ts) for ts in zip(*(a["nosync_s"] for a in abs_)))
+    out = {"comm_ab_step_sync_s": sync, "comm_ab_step_nosync_s": nosync,
+           "comm_ab_collectives_sync": max(a["sync_collectives"] for a in abs_),
+           "comm_ab_collectives_nosync": max(a["nosync_collectives"] for a in abs_)}
+    if out["comm_ab_collectives_sync"] and out["comm_ab_collectives_nosync"] >= out["comm_ab_collectives_sync"]:
+        # The flight recorder saw as many collectives without sync: the switch did not take effect.
+        return {**out, "comm_exposed_ab_pct": None, "comm_ab_note": "sync_disabled() did not remove collectives"}
+    out["comm_exposed_ab_pct"] = 100 * (sync - nosync) / sync
+    return out
+
+
+def merge(ranks: list[dict]) -> dict:
+    """Every rank's window figures -> the record's measured keys (harness/collect/aggregate.py)."""
+    profiles = [r.get("comm_profile") for r in ranks if r.get("comm_profile")]
+    if not profiles:
+        return {}
+    errors = [p["error"] for p in profiles if "error" in p]
+    out = trace_analysis.merge_ranks([p for p in profiles if "error" not in p]) if not errors else {}
+    if errors:
+        out["comm_profile_error"] = errors[0]
+    out.update(ab_exposed([r.get("comm_ab") for r in ranks if r.get("comm_ab")]))
+    out["profile_traces"] = sorted(f"trace_rank{r['rank']}.json" for r in ranks if r.get("comm_profile"))
+    return out

@@ -6,7 +6,7 @@ run_id and `repeat: i`; what a table, report, index or comparison shows for the 
     by_config(records)     run_id -> its repeats' latest records
     config_record(repeats) one record for the config: the latest repeat's, its measured throughput
                            replaced by the pooled median of every ok repeat's step times with a
-                           two-level bootstrap 95 % interval (harness/collect/stats.py)
+                           two-level bootstrap 95 % interval (harness/collect/aggregate.py)
 
 A record written before repeats existed has no `repeat` field: it is repeat 0.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import copy
 
-from harness.collect import stats
-from harness.collect.fidelity import ratios
+from harness.collect import aggregate
+from harness.collect.aggregate import ratios
 
 
 def repeat_of(record: dict) -> int:
@@ -63,14 +63,14 @@ def config_record(repeats: list[dict]) -> dict:
     out = copy.deepcopy(base)
     m, old = out["measured"], base["measured"]["step_time_s"]
     tokens = m["tokens_per_step"]
-    step, *_ = stats.median_ci(groups)
+    step, *_ = aggregate.median_ci(groups)
     scale = old / step  # per-device rates and MFU are proportional to 1 / step time
     m["step_time_s"] = step
     m["tokens_per_s"] = tokens / step
     for k in ("tokens_per_s_per_device", "tflops_per_device", "mfu_pct"):
         if isinstance(m.get(k), (int, float)):
             m[k] *= scale
-    m.update(stats.throughput_ci(groups, tokens))
+    m.update(aggregate.throughput_ci(groups, tokens))
     m["repeats_ok"] = len(groups)
     out["fidelity"] = ratios(m, out.get("predicted") or {})
     out["repeats"] = len(repeats)

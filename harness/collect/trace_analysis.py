@@ -1,6 +1,6 @@
 r"""Communication share from one rank's profiler trace: total, overlapped and exposed, by axis.
 
-Pure Python (no torch): it reads the Chrome trace that harness/worker/profiling.py saved, so stored traces
+Pure Python (no torch): it reads the Chrome trace that harness/worker/measure.py saved, so stored traces
 can be analysed anywhere (tests/fixtures/traces/).
 
 What counts as what, per rank, inside the profiled steps (the `brigade/step` annotations):

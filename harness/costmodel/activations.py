@@ -44,7 +44,7 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
   q e*E/t, v e*E*kv/(h t), fc1 or gate e*F/t, SwiGLU's down e*E (a row-parallel matmul's local output
   is whole), the kernel's output e*E/t and logsumexp 4*b*a*s/t; while one block is recomputed, what
   `none` keeps beyond that (memory_peak.py).
-Last stage: ln_f input r*E, head input, and what the loss (models/loss.py, `model.loss`) keeps.
+Last stage: ln_f input r*E, head input, and what the loss (models/gpt.py, `model.loss`) keeps.
   Per token, e the logits' dtype (4 in fp32, 2 under bf16/fp16), c = model.loss_chunk_tokens:
     fp32     held forward -> backward: the log_softmax output 4*V/t (fp32); at the loss: its gradient
              and the logits' gradient, fp32, 8*V/t. 12*V/t in all.

@@ -62,7 +62,7 @@ class PerToken:
     layer_activation_bytes: dict  # one layer, one sequence
     head_activation_bytes: float  # last stage, one sequence
     logits_bytes: float  # the loss's gradients, one sequence (a transient at the loss)
-    loss: str  # model.loss (models/loss.py): fp32 | chunked
+    loss: str  # model.loss (models/gpt.py): fp32 | chunked
     loss_chunk_tokens: int  # chunked: tokens per fp32 working copy (activations.loss_chunk_bytes)
     layer_flops: dict  # forward + backward (+ recompute) of one layer's shard
     head_flops: float

@@ -69,7 +69,7 @@ def write_report(records_path: str | Path, out_path: str | Path | None = None, p
     run_ids / name: only those runs, titled `name` (one invocation's ad-hoc runs: harness/run/sweep.py)."""
     from harness.report import page
     from harness.report.study import load
-    from harness.rundir import write_atomic
+    from harness.run.record import write_atomic
 
     records_path = Path(records_path)
     study = load(records_path, run_ids, name)

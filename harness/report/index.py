@@ -237,7 +237,7 @@ def build(studies: list[StudyEntry], plotly_src: str, results_dir: Path,
 
 
 def write_index(results_dir: str | Path) -> Path:
-    from harness.rundir import write_atomic
+    from harness.run.record import write_atomic
 
     results_dir = Path(results_dir)
     path = results_dir / INDEX

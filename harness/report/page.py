@@ -15,7 +15,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from harness.rundir import write_atomic
+from harness.run.record import write_atomic
 from harness.report import dp_mode, mesh_mode, pp_mode, tp_mode, views
 from harness.report.blocks import Figures
 from harness.report.fmt import esc

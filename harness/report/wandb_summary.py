@@ -2,7 +2,7 @@
 the runs table (measured, predicted, ratio), scaling / memory / comm tables with W&B plots on them,
 the failed runs, the PNG charts, and each scaling series' fit in the run summary.
 
-Same discipline as harness/run/wandb_log.py: offline unless told otherwise (WANDB_MODE wins), every file
+Same discipline as harness/run/record.py: offline unless told otherwise (WANDB_MODE wins), every file
 under <results_dir>/runs/<study>/_summary/, and a W&B failure is printed and swallowed (the HTML
 report and the records never depend on it). Each call is a new W&B run (id <study>-summary-<time>):
 a resumed study logs a fresh summary, the newest is the study's state.
@@ -72,7 +72,7 @@ def log_summary(records_path: str | Path, html_path: str | Path | None = None, m
                 name: str | None = None) -> str | None:
     """Log the study summary; returns the W&B run directory, or None if logging failed or is disabled.
     run_ids / name: only those runs, as group `name` (one invocation's ad-hoc runs)."""
-    from harness.run.wandb_log import wandb_env
+    from harness.run.record import wandb_env
 
     records_path = Path(records_path)
     study = load(records_path, run_ids, name)

@@ -19,8 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import rundir
-from harness.rundir import write_atomic
+from harness.run.record import write_atomic
 from harness.run import record as rec
 from harness.run.ending import (Ending, claim_path, console, failure, held_by, holder_line, print_table,
                                  received)
@@ -154,8 +153,8 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
     # its files are written atomically (all nodes write the same content; workers read them).
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
     at.run_dir = run_dir
-    write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
-    write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
+    write_atomic(run_dir / rec.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
+    write_atomic(run_dir / rec.PREDICTION, json.dumps(predicted, indent=1))
     rec.start_git_probe()
     status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, ending)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
@@ -242,8 +241,8 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label
     import importlib
 
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
-    log_path = run_dir / rundir.WORKERS_LOG
-    progress_file = run_dir / rundir.PROGRESS
+    log_path = run_dir / rec.WORKERS_LOG
+    progress_file = run_dir / rec.PROGRESS
     with _progress(label, ending) as (bar, task):
         def on_poll():
             try:
@@ -259,12 +258,12 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label
 def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
     """Turn what the ranks left in run_dir into (status, error, measured, env)."""
     from harness.collect.aggregate import aggregate, environment
-    from harness.run import cause
+    from harness.run import ending
 
-    ended = cause.verdict(run, run_dir, result)
+    ended = ending.verdict(run, run_dir, result)
     if ended is not None:
         return (*ended, {}, {})
-    measurement = json.loads((run_dir / rundir.MEASUREMENT).read_text())
+    measurement = json.loads((run_dir / rec.MEASUREMENT).read_text())
     try:
         measured = aggregate(run, dims, measurement)
     except Exception as e:  # noqa: BLE001 - a bug in aggregation must still yield a record
@@ -273,8 +272,8 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
         # Every rank's figures were gathered and written before the exit (e.g. a gloo teardown
         # race in destroy_process_group under load): the run is measured; say what happened.
         measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
-                                f"measurement.json: {cause.log_tail(result.log_path, 5)}"]
-    diverged = cause.divergence(measured.get("losses"))
+                                f"measurement.json: {ending.log_tail(result.log_path, 5)}"]
+    diverged = ending.divergence(measured.get("losses"))
     return ("diverged" if diverged else "ok"), diverged, measured, environment(measurement["ranks"])
 
 
@@ -299,7 +298,7 @@ def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: st
 def _log_wandb(record: dict, run: RunConfig, run_dir: Path, label: str, ending: Ending) -> None:
     """W&B first, then the record: it names the W&B run only once that run exists, and says why not
     when logging failed. Interrupted while logging (a second Ctrl-C), the record is still written."""
-    from harness.run.wandb_log import log_record, run_identity
+    from harness.run.record import log_record, run_identity
 
     ident = run_identity(record, run_dir, run.logger, label)
     try:

@@ -20,18 +20,20 @@ import hashlib
 import json
 import os
 import platform
-import socket
 import re
+import socket
 import subprocess
 import tempfile
+import threading
 import time
+import uuid
 import warnings
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness.collect.aggregate import ratios as fidelity_ratios
 from harness.config import ADHOC_STUDY
-from harness.collect.fidelity import ratios as fidelity_ratios
 from harness.fingerprint import host_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -272,7 +274,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
         "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
         "measured": measured or {},
         "predicted": predicted or {},
-        # measured/predicted for every metric both have (harness/collect/fidelity.py); W&B logs fidelity/*
+        # measured/predicted for every metric both have (harness/collect/aggregate.py); W&B logs fidelity/*
         "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == Status.OK else {},
     }
 
@@ -292,3 +294,182 @@ def already_done(config: dict, run) -> dict | None:
     if run.rerun == "failed" and done["status"] != Status.OK:
         return None
     return done
+
+
+# -- rundir ----------------------------------------------------------------------------------------
+# A run directory's files, named once: the parent writes the frozen config and the prediction, the
+# ranks write their progress, error files, traces, timelines and the measurement, the parent reads
+# them back (harness/run/job.py) and the report reads what the record points to.
+#
+#     <results_dir>/runs/<study>/<strategy>-<degrees>-<run_id>[.<attempt>]/
+#         config.yaml          the frozen, resolved config the workers read (never re-enter Hydra)
+#         prediction.json      the cost model's prediction, as written into the record
+#         workers.log          torchrun's and every rank's stdout/stderr
+#         progress             "<done> <total>" steps, rewritten by rank 0
+#         error_rank<r>.json   a rank's exception (type, message, traceback, time), written before it exits
+#         measurement.json     every rank's figures, gathered and written by rank 0 at the end
+#         trace_rank<r>.json   the profiled window's Chrome trace (torch.profiler)
+#         timeline_rank<r>.json  a pipeline rank's per-action timeline
+#         grads_rank<r>.pt     step 0's full gradients, only with BRIGADE_GRAD_DUMP=1 (the parity tests)
+#
+# Every file the parent or a rank writes whole is written by write_atomic: whole or not at all, and synced,
+# so a reader never sees half a file and a crash never leaves a torn one (workers.log is a stream, appended).
+
+CONFIG = "config.yaml"
+PREDICTION = "prediction.json"
+WORKERS_LOG = "workers.log"
+PROGRESS = "progress"
+MEASUREMENT = "measurement.json"
+ERROR_GLOB = "error_rank*.json"
+
+
+def error_file(rank: int) -> str:
+    return f"error_rank{rank}.json"
+
+
+def trace_file(rank: int) -> str:
+    return f"trace_rank{rank}.json"
+
+
+def timeline_file(rank: int) -> str:
+    return f"timeline_rank{rank}.json"
+
+
+TIMELINE_GLOB = "timeline_rank*.json"
+
+
+def grads_file(rank: int) -> str:
+    return f"grads_rank{rank}.pt"
+
+
+GRADS_GLOB = "grads_rank*.pt"
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` whole and durably: into a temporary file beside `path`, synced, renamed over
+    `path` (atomic on POSIX), then the directory synced so the rename itself survives a crash. A
+    reader sees the old file or the new one, never half; a failed write (disk full) leaves no trace."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    view = memoryview(data.encode() if isinstance(data, str) else data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while view:  # write(2) may write less than asked
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+# -- wandb log -------------------------------------------------------------------------------------
+# One W&B run per benchmark run, logged by the parent after the ranks are done.
+#
+# Offline unless the user says otherwise (WANDB_MODE wins over logger.mode); every W&B file lives under
+# the run directory (WANDB_DIR and friends), nothing in the home directory. A W&B failure is reported
+# and swallowed: the local record never depends on W&B. It is appended after logging, so it names its
+# W&B run (`wandb`) only once that run exists, and says why not (`wandb_error`) when logging failed.
+#
+# Identity: the run id is unique per attempt (study, run_id and a random part), so W&B runs from two
+# results dirs or machines synced into one project never collide; the group is the study, and for
+# ad-hoc runs (no study named) the invocation, so each `brigade ...` command is its own group.
+
+# The metric keys every run logs once more against its scaling axes (the x axis: `devices`), so a W&B
+# workspace plots tokens/s against devices grouped by series, study, commit or cluster with no set-up.
+SCALING_METRICS = ("tokens_per_s", "tokens_per_s_ci95_lo", "tokens_per_s_ci95_hi", "step_time_s", "mfu_pct",
+                   "tokens_per_s_per_device", "model_states_bytes", "peak_mem_bytes", "comm_share_pct")
+
+
+def _scalars(d: dict) -> dict:
+    """Flat scalar fields; a 95 % interval [lo, hi] (`<key>_ci95`) becomes `<key>_ci95_lo` and `_hi`."""
+    out = {}
+    for k, v in flatten(d).items():
+        if k.endswith("_ci95") and isinstance(v, list) and len(v) == 2:
+            out[f"{k}_lo"], out[f"{k}_hi"] = v
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[k] = v
+    return out
+
+
+def scaling_axes(record: dict) -> dict:
+    """What a scaling curve is drawn against and grouped by: devices (the world size), and the series,
+    study, commit and cluster the run belongs to (the environment fingerprint: harness/fingerprint.py)."""
+    env, cfg = record.get("env") or {}, record.get("config") or {}
+    return {"devices": (record.get("dims") or {}).get("world_size") or env.get("world_size"),
+            "series": cfg.get("series") or "", "study": record.get("study"), "commit": env.get("git_commit"),
+            "cluster": env.get("cluster"), "repeat": record.get("repeat", 0)}
+
+
+def wandb_env(run_dir: Path, mode: str) -> dict[str, str]:
+    wdir = Path(run_dir).resolve()
+    return {"WANDB_MODE": os.environ.get("WANDB_MODE", mode), "WANDB_DIR": str(wdir),
+            "WANDB_CACHE_DIR": str(wdir / "wandb" / ".cache"), "WANDB_CONFIG_DIR": str(wdir / "wandb" / ".config"),
+            "WANDB_DATA_DIR": str(wdir / "wandb" / ".data"), "WANDB_SILENT": "true",
+            "WANDB_DISABLE_GIT": "true"}
+
+
+def invocation() -> str:
+    """This `brigade` command: one id for every job it starts (set once in the parent; SLURM jobs
+    inherit it through the environment sbatch exports)."""
+    return os.environ.setdefault("BRIGADE_INVOCATION", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+def group(study: str) -> str:
+    """The W&B group: the study, or `adhoc-<invocation>` for runs started without one."""
+    return f"{ADHOC_STUDY}-{invocation()}" if study == ADHOC_STUDY else study
+
+
+def run_identity(record: dict, run_dir: Path, logger_cfg, name: str) -> dict:
+    """The W&B run this record is logged as, named `name` (its label: harness/labels.py)."""
+    attempt = uuid.uuid4().hex[:8]
+    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{record['study'][:30]}-{record['run_id']}-{attempt}")
+    return {"id": run_id, "project": logger_cfg.project, "group": group(record["study"]), "name": name,
+            "mode": os.environ.get("WANDB_MODE", logger_cfg.mode), "dir": str(Path(run_dir) / "wandb")}
+
+
+def log_record(record: dict, ident: dict, run_dir: Path, logger_cfg, job_type: str) -> str | None:
+    """Log one record as the W&B run `ident` (run_identity); None once that run exists, else why not."""
+    os.environ.update(wandb_env(run_dir, logger_cfg.mode))
+    axes = scaling_axes(record)
+    try:
+        import wandb
+
+        run = wandb.init(project=ident["project"], entity=logger_cfg.entity, group=ident["group"], id=ident["id"],
+                         job_type=job_type, name=ident["name"],
+                         config={**flatten(record.get("config") or {}), **{f"axes/{k}": v for k, v in axes.items()}},
+                         dir=str(run_dir), reinit="finish_previous",
+                         settings=wandb.Settings(console="off", x_disable_stats=True))
+        # per step: loss and step time against `step`; per run: SCALING_METRICS against `devices`
+        run.define_metric("step")
+        run.define_metric("loss", step_metric="step")
+        run.define_metric("step_time_s", step_metric="step")
+        run.define_metric("devices")
+        run.define_metric("scaling/*", step_metric="devices")
+        m = record.get("measured") or {}
+        for i, (loss, t) in enumerate(zip(m.get("losses", []), [None] * m.get("warmup_steps", 0)
+                                          + m.get("step_times_s", []))):
+            row = {"step": i, "loss": loss}
+            if t is not None:
+                row["step_time_s"] = t
+            run.log(row, step=i)
+        flat = _scalars(m)
+        run.log({"devices": axes["devices"], **{f"scaling/{k}": flat[k] for k in SCALING_METRICS
+                                                  if isinstance(flat.get(k), (int, float))}},
+                step=len(m.get("losses", [])))  # a row of its own, after the steps
+        summary = {"status": record["status"], "run_id": record["run_id"], **{f"axes/{k}": v for k, v in axes.items()}}
+        for prefix in ("measured", "predicted", "fidelity"):
+            summary.update({f"{prefix}/{k}": v for k, v in _scalars(record.get(prefix) or {}).items()})
+        run.summary.update(summary)
+        run.finish()
+        return None
+    except Exception as e:  # noqa: BLE001 - W&B must never lose a local record
+        print(f"W&B logging failed ({type(e).__name__}: {e}); the local record is unaffected")
+        return f"W&B logging failed: {type(e).__name__}: {str(e)[:500]}"

@@ -63,7 +63,7 @@ def write_report(config: DictConfig, results_dir: str, study: str, records: list
     """The study's HTML report (harness.report) and its W&B summary run; the path is printed last.
     Ad-hoc runs (no study named) get a report of this invocation's runs only, `adhoc-<invocation>.html`.
     A failure here is printed and swallowed: the records are already written and the sweep is done."""
-    from harness.run.wandb_log import group
+    from harness.run.record import group
 
     path = rec.records_path(results_dir, study)
     run_ids, name = (({r["run_id"] for r in records if "run_id" in r}, group(study)) if study == ADHOC_STUDY else (None, None))

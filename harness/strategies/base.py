@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from models.loss import loss_function
+from models.gpt import loss_function
 
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}  # also FSDP2's param_dtype
 
@@ -31,7 +31,7 @@ class Strategy:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.precision = run.workload.precision
-        self.loss_fn = loss_function(run.model)  # model.loss: fp32 | chunked (models/loss.py)
+        self.loss_fn = loss_function(run.model)  # model.loss: fp32 | chunked (models/gpt.py)
         # fp16 needs loss scaling; bf16 and fp32 do not (GradScaler is CUDA-only here)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16-mixed" else None
 
@@ -122,7 +122,7 @@ class Strategy:
     def sync_disabled(self):
         """A context under which train_step skips gradient synchronisation, or None where the strategy
         has no such switch. Used only by the A/B measurement of exposed communication, after the timed
-        steps (harness/worker/profiling.py). Default: DDP's no_sync. Not FSDP: without gradient sync FSDP2
+        steps (harness/worker/measure.py). Default: DDP's no_sync. Not FSDP: without gradient sync FSDP2
         leaves the sharded grads empty, so the optimizer step is skipped too and the difference
         would not be communication alone."""
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -138,7 +138,7 @@ class Strategy:
         return {"params": params, "grads": grads, "optimizer": opt}
 
 
-    # -- gradients, for the parity tests (harness/worker/grad_dump.py) ----------------------------------
+    # -- gradients, for the parity tests (harness/worker/main.py) ----------------------------------
     def stepping_optimizer(self) -> torch.optim.Optimizer:
         """The torch optimizer whose step() runs once per optimizer step with every gradient final
         (reduced, averaged): a step pre-hook on it sees the step's gradients. An optimizer that

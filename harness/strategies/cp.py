@@ -62,7 +62,7 @@ def cp_group(dims):
     """This rank's cp process group, made for the K/V exchange alone (every rank must call this, in
     the same order). Not mesh["cp"]: at dp = 1 torch may hand the dp x cp gradient group and the cp
     group out as one process group, and the profiled window could not tell FSDP's traffic from
-    attention's (harness/worker/profiling.py names a group's axis by identity)."""
+    attention's (harness/worker/measure.py names a group's axis by identity)."""
     import torch.distributed as dist
 
     group, _ = dist.new_subgroups_by_enumeration(dims.groups("cp"))

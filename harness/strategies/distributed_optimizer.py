@@ -109,7 +109,7 @@ class DistributedOptimizer:
     def reduced_local_grads(self) -> dict[int, torch.Tensor]:
         """{id(param): its gradient averaged over the group, as this rank holds the param (a TP
         DTensor's local shard)}: the reduced slices all-gathered. Only inside step(), between the
-        reduce-scatter and the inner step: the parity tests' gradient dump (harness/worker/grad_dump.py)
+        reduce-scatter and the inner step: the parity tests' gradient dump (harness/worker/main.py)
         wraps the inner optimizer's step for it."""
         full = torch.empty(self.n * self.shard, dtype=torch.float32, device=self.master.device)
         dist.all_gather_into_tensor(full, self.master.grad, group=self.group)

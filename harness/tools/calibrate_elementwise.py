@@ -9,7 +9,7 @@ bandwidth charged them about half their time. And the fused SDPA kernel runs at 
 of peak, not at the GEMM curve's rate.
 
 Method: model=small (the CPU demo model, fp32, micro-batch of 2 x 128 tokens) runs forward, the loss
-brigade trains with (models/loss.py) and backward, with its gradients dropped between rounds (so no
+brigade trains with (models/gpt.py) and backward, with its gradients dropped between rounds (so no
 gradient accumulation, which the cost model charges apart at the triad's bandwidth), for `rounds`
 rounds under OpProfile(timed=True), this thread's CPU time inside each operator:
     elementwise_GBps = the element-wise operators' bytes (inputs read, outputs written) over their
@@ -49,7 +49,7 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
     from harness.collect.compute_classes import ATTENTION_BACKWARD, ATTENTION_FORWARD
     from harness.tools.op_profile import OpProfile
     from models.gpt import build_model
-    from models.loss import cross_entropy
+    from models.gpt import cross_entropy
 
     torch.set_num_threads(1)
     cfg = compose_run([f"model={MODEL}"]).model
@@ -94,7 +94,7 @@ def measure_profiled(dtype, peak_tflops: float, mode: dict, device) -> dict:
     from harness.tools.op_profile import OpProfile
     from harness.tools.device_timing import sig, sync
     from models.gpt import build_model
-    from models.loss import cross_entropy
+    from models.gpt import cross_entropy
 
     overrides = [f"model={mode['model']}", f"model.n_layers={mode['model_layers']}"]
     if mode["seq_len"]:

@@ -18,8 +18,8 @@ import time
 import traceback
 from pathlib import Path
 
-from harness import rundir
-from harness.rundir import write_atomic
+from harness.run import record
+from harness.run.record import write_atomic
 
 
 def _write_json(path: Path, obj) -> None:
@@ -65,7 +65,7 @@ def main(run_dir: str) -> None:
     try:
         _run(run_dir, rank)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for torchrun
-        _write_json(run_dir / rundir.error_file(rank),
+        _write_json(run_dir / record.error_file(rank),
                     {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e)[:4000],
                      "oom": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
         raise
@@ -138,12 +138,12 @@ def _run(run_dir: Path, rank: int) -> None:
 
     from harness import strategies
     from harness.config import to_run_config
+    from harness.validate import num_microbatches, validate
     from harness.worker.loop import run_steps
-    from harness.validate import validate, num_microbatches
     from models.gpt import build_model
 
     stamps["imported"] = time.time()
-    run = to_run_config(OmegaConf.load(run_dir / rundir.CONFIG))
+    run = to_run_config(OmegaConf.load(run_dir / record.CONFIG))
     dims = validate(run)
     nmb = num_microbatches(run, dims)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -155,10 +155,10 @@ def _run(run_dir: Path, rank: int) -> None:
         device = torch.device("cpu")
         backend = "gloo"
     # The c10d flight recorder logs every collective (group, sizes) for the profiled window's byte
-    # counts and axis attribution (harness/worker/profiling.py); it must be sized before the group exists.
+    # counts and axis attribution (harness/worker/measure.py); it must be sized before the group exists.
     # Only when there is a profiled window: otherwise it would cost every timed step for nothing.
     if run.workload.profile_steps > 0:
-        from harness.worker.profiling import FR_BUFFER_SIZE
+        from harness.worker.measure import FR_BUFFER_SIZE
 
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
     # A collective that never completes (a lost peer) raises after this, instead of hanging.
@@ -188,13 +188,11 @@ def _run(run_dir: Path, rank: int) -> None:
     if run.slow_step_pct:
         _slow_steps(strategy, run.slow_step_pct, device)
 
-    progress_file = run_dir / rundir.PROGRESS
+    progress_file = run_dir / record.PROGRESS
 
     def progress(done: int, total: int) -> None:
         if rank == 0:
             write_atomic(progress_file, f"{done} {total}")  # outside the timed region (loop.py)
-
-    from harness.worker.hooks import make_hooks
 
     hooks = make_hooks(run, dims, run_dir, strategy)
     t0, start_unix = time.perf_counter(), time.time()
@@ -213,7 +211,81 @@ def _run(run_dir: Path, rank: int) -> None:
     gathered = [None] * dims.world_size
     dist.all_gather_object(gathered, result)
     if rank == 0:
-        _write_json(run_dir / rundir.MEASUREMENT, {"num_microbatches": nmb, "ranks": gathered})
+        _write_json(run_dir / record.MEASUREMENT, {"num_microbatches": nmb, "ranks": gathered})
     dist.barrier()
     dist.destroy_process_group()
 
+
+# -- hooks -----------------------------------------------------------------------------------------
+# Hooks around the timed loop for measurements that must not distort the timings.
+#
+# A hook has before_step(step), after_step(step) (cheap: they run inside the loop, outside the timed
+# region) and finish(strategy, batch, steps_done) -> dict merged into the rank's result (runs after the
+# timed steps, e.g. a profiled window). Measurement features register here, not in the loop.
+
+def make_hooks(run, dims, run_dir, strategy=None) -> list:
+    hooks = []
+    if grad_dump_enabled():  # the parity tests' gradient dump (before the first optimizer step)
+        hooks.append(GradDump(strategy, run_dir))
+    if run.workload.profile_steps > 0:
+        from harness.worker.measure import ProfiledWindow
+
+        hooks.append(ProfiledWindow(run, dims, run_dir))  # A/B and profiled steps, after the timed ones
+    return hooks
+
+
+# -- grad dump -------------------------------------------------------------------------------------
+# Gradient dump for the parity tests: every parameter's full gradient of the first optimizer step.
+#
+# Enabled by the environment variable BRIGADE_GRAD_DUMP=1 (the test suite sets it; nothing in a
+# config or a record changes). The hook wraps the step() of the strategy's stepping optimizer
+# (`Strategy.stepping_optimizer`) once, before the first step: at the entry of that step() every
+# gradient of step 0 is final (accumulated over the micro-batches, reduced over data parallel, the
+# pipeline's stages done), and the optimizer has not yet read or freed it. There each rank calls
+# `strategy.full_gradients()` (a collective: FSDP shards and TP slices are gathered, DeepSpeed's
+# partitions assembled) and writes {single-process parameter name: fp32 tensor} to
+# <run_dir>/grads_rank<r>.pt (harness/run/record.py); then the wrapper removes itself. Step 0 is a warm-up
+# step (not timed), and the timed loop's code is the same with or without the hook.
+
+GRAD_DUMP_ENV = "BRIGADE_GRAD_DUMP"
+
+
+def grad_dump_enabled() -> bool:
+    return os.environ.get(GRAD_DUMP_ENV, "") not in ("", "0")
+
+
+class GradDump:
+    def __init__(self, strategy, run_dir):
+        import torch.distributed as dist
+
+
+        self.path = Path(run_dir) / record.grads_file(dist.get_rank())
+        optimizer = strategy.stepping_optimizer()
+        original = optimizer.step
+
+        def step(*args, **kwargs):
+            optimizer.step = original  # once: later steps run the optimizer's own step()
+            self._dump(strategy)
+            return original(*args, **kwargs)
+
+        optimizer.step = step  # an instance attribute: shadows the class's step() for this object only
+
+    def _dump(self, strategy) -> None:
+        import io
+
+        import torch
+
+        from harness.run.record import write_atomic
+
+        buf = io.BytesIO()
+        torch.save(strategy.full_gradients(), buf)
+        write_atomic(self.path, buf.getvalue())
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def finish(self, strategy, batch, steps_done: int) -> dict:
+        return {}

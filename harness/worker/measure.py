@@ -6,11 +6,18 @@ model built before sharding), so it is reported only as a labelled sanity figure
 """
 from __future__ import annotations
 
+import json
 import resource
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from harness.collect import trace_analysis
+from harness.dims import COMM_AXES
+from harness.run import record
+from harness.run.record import write_atomic
 
 
 def synchronize(device: torch.device) -> None:
@@ -97,3 +104,160 @@ class Clock:
         if self.device.type == "cuda":
             self.elapsed = self.events[0].elapsed_time(self.events[1]) / 1e3  # ms -> s
         return False
+
+
+# -- profiling -------------------------------------------------------------------------------------
+# The profiled window: after the timed steps and apart from them, on every rank.
+#
+#     A/B:      max(3, profile_steps) pairs of steps, alternating with gradient sync and without it
+#               (strategy.sync_disabled(); DDP no_sync, FSDP set_requires_gradient_sync(False)),
+#               timed like the loop times them, no profiler: the exposed cost of gradient sync is
+#               (T_sync - T_nosync) / T_sync, the honest figure where overlap is not free (2 CPU cores)
+#     profile:  one warm-up step, then profile_steps steps under torch.profiler, each step in a
+#               record_function("brigade/step"); the Chrome trace goes to <run_dir>/trace_rank<r>.json
+#               (open it in Perfetto) with the flight recorder's entries for those steps and the
+#               process-group table, so harness/collect/trace_analysis.py can attribute every collective to
+#               an axis and count its bytes
+#
+# The profiler slows steps 1.3-3x on CPU (docs/notes.md#profiler-cost): nothing here is ever inside the timed steps.
+# The c10d flight recorder (TORCH_FR_BUFFER_SIZE, set by the worker before the process group exists)
+# records every collective with its process group and sizes; on gloo it does not record send/recv.
+
+FR_BUFFER_SIZE = 20_000  # flight-recorder ring buffer (entries); the worker exports it before init
+# Gradient-sync groups counted as dp traffic: dp_rep (replicas of an ep group sync expert grads), the
+# HSDP shard group, and with context parallel the dp x cp groups FSDP / DDP reduce over
+DATA_GROUPS = ("dp", "dp_rep", "dp_shard", "dp_shard_cp", "dp_cp")
+AB_MIN_PAIRS = 3  # A/B step pairs at least: a median of 3 resists one noisy step
+
+
+def flight_recorder_entries(since_ns: int) -> list[dict]:
+    """The flight recorder's collectives enqueued since `since_ns` (epoch ns), fields we use only."""
+    c10d = torch._C._distributed_c10d
+    dump = getattr(c10d, "_dump_nccl_trace_json", None) if torch.cuda.is_available() else None
+    dump = dump or getattr(c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return []
+    try:
+        entries = json.loads(dump(includeCollectives=True, onlyActive=False)).get("entries", [])
+    except Exception:  # noqa: BLE001 - no recorder (buffer size 0) means no entries, not a failed run
+        return []
+    keep = ("profiling_name", "process_group", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes",
+            "time_created_ns", "is_p2p", "collective_seq_id")
+    return [{k: e.get(k) for k in keep} for e in entries if e.get("time_created_ns", 0) >= since_ns]
+
+
+def process_groups(mesh, dims) -> dict[str, dict]:
+    """Every process group this rank is in: name -> {ranks, axes}. Axes by identity with the mesh's
+    groups first (what strategies use), else by rank set against ParallelDims.groups (groups an
+    engine made itself, e.g. DeepSpeed's), else "world" for a group spanning several axes."""
+    from torch.distributed import distributed_c10d as c10d
+
+    rank = dist.get_rank()
+    by_identity: dict[str, list[str]] = {}
+    # data groups first: one that is also a mesh axis' group (dp x cp at dp = 1 is the cp axis' ranks)
+    # carries gradient traffic; context parallel's K/V exchange has a group of its own (strategies/cp.py)
+    for dim in (*DATA_GROUPS, *(mesh.mesh_dim_names or ())) if mesh is not None else ():
+        try:
+            name = c10d._get_process_group_name(mesh[dim].get_group())
+        except Exception:  # noqa: BLE001 - an axis this mesh does not have
+            continue
+        axis = "dp" if dim in DATA_GROUPS else dim
+        if mesh[dim].size() > 1 and axis not in by_identity.get(name, []):
+            by_identity.setdefault(name, []).append(axis)
+    out = {}
+    for pg in list(c10d._world.pg_names):
+        name = c10d._get_process_group_name(pg)
+        ranks = sorted(dist.get_process_group_ranks(pg))
+        axes = by_identity.get(name) or [a for a in COMM_AXES if getattr(dims, a) > 1 and any(
+            sorted(g) == ranks for g in dims.groups(a) if rank in g)]
+        if not axes and dims.ep > 1 and any(sorted(g) == ranks for g in dims.groups("ep_dp") if rank in g):
+            axes = ["dp"]  # an engine's own expert-data group (DeepSpeed MoE): expert gradients are dp traffic
+        if not axes and len(ranks) > 1:
+            axes = ["world"] if len(ranks) == dims.world_size else ["other"]
+        out[name] = {"ranks": ranks, "axes": axes, "desc": getattr(pg, "group_desc", "")}
+    return out
+
+
+class ProfiledWindow:
+    """The hook (harness/worker/main.py): nothing per step, everything in finish()."""
+
+    def __init__(self, run, dims, run_dir):
+        self.run, self.dims, self.run_dir = run, dims, Path(run_dir)
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def finish(self, strategy, batch, steps_done: int) -> dict:
+        n = self.run.workload.profile_steps
+        if n <= 0:
+            return {}
+        step = steps_done
+        ab, step = self.ab(strategy, batch, step, max(AB_MIN_PAIRS, n))
+        trace, step = self.profile(strategy, batch, step, n)
+        try:
+            figures = trace_analysis.analyse(trace)
+        except Exception as e:  # noqa: BLE001 - a trace we cannot read costs the figure, not the run
+            figures = {"error": f"{type(e).__name__}: {e}"}
+        return {"comm_profile": figures, "comm_ab": ab}
+
+    # -- A/B ------------------------------------------------------------------------------------
+    def ab(self, strategy, batch, step: int, pairs: int) -> tuple[dict, int]:
+        if strategy.sync_disabled() is None:
+            return {"applicable": False}, step
+        clock = Clock(strategy.device)
+        times: dict[str, list[float]] = {"sync": [], "nosync": []}
+        calls = {"sync": 0, "nosync": 0}
+        for _ in range(pairs):
+            for mode in ("sync", "nosync"):
+                mbs = batch(step)
+                step += 1
+                dist.barrier()
+                t0 = time.time_ns()
+                ctx = strategy.sync_disabled() if mode == "nosync" else None
+                with clock:
+                    if ctx is None:
+                        strategy.train_step(mbs)
+                    else:
+                        with ctx:
+                            strategy.train_step(mbs)
+                times[mode].append(clock.elapsed)
+                calls[mode] += len(flight_recorder_entries(t0))
+        return {"applicable": True, "sync_s": times["sync"], "nosync_s": times["nosync"],
+                "sync_collectives": calls["sync"] / pairs, "nosync_collectives": calls["nosync"] / pairs}, step
+
+    # -- the profiled steps -----------------------------------------------------------------------
+    def profile(self, strategy, batch, step: int, n: int) -> tuple[dict, int]:
+        from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+        device = strategy.device
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        rank = dist.get_rank()
+        since = time.time_ns()
+        path = self.run_dir / record.trace_file(rank)
+        tmp = path.with_suffix(".tmp")
+        # One warm-up step under the profiler (its start-up cost), then n recorded steps; the trace
+        # is written when the active steps end (on_trace_ready), before the profiler drops it.
+        with profile(activities=activities, record_shapes=True, schedule=schedule(wait=0, warmup=1, active=n),
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(tmp))) as prof:
+            for _ in range(n + 1):
+                mbs = batch(step)
+                step += 1
+                dist.barrier()
+                with record_function(trace_analysis.STEP_EVENT):
+                    strategy.train_step(mbs)
+                    synchronize(device)  # the step's device work ends inside its annotation
+                prof.step()
+        trace = json.loads(tmp.read_text())
+        groups = process_groups(strategy.mesh, self.dims)
+        trace["brigade"] = {  # read by trace_analysis; Perfetto ignores unknown top-level keys
+            "rank": rank, "dims": self.dims.as_dict(), "strategy": self.run.strategy.name,
+            "pg_axes": {k: v["axes"] for k, v in groups.items()},
+            "pg_ranks": {k: v["ranks"] for k, v in groups.items()},
+            "p2p_axis": "pp" if self.dims.pp > 1 else "other",
+            "fr_entries": flight_recorder_entries(since)}
+        write_atomic(path, json.dumps(trace))
+        tmp.unlink(missing_ok=True)
+        return trace, step

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from harness.worker.loop import global_batch  # noqa: E402
 from models.gpt import build_model  # noqa: E402
-from models.loss import cross_entropy as loss_fn  # noqa: E402
+from models.gpt import cross_entropy as loss_fn  # noqa: E402
 
 
 class Cfg:

@@ -132,7 +132,7 @@ def rank_fingerprint(device) -> dict:
     return got
 
 
-def merge(rank_envs: list[dict], nodes: list[str]) -> dict:
+def merge_fingerprints(rank_envs: list[dict], nodes: list[str]) -> dict:
     """The run's fingerprint from every rank's: the first rank's fields, GPU name and count per node,
     and the cluster (SLURM's name for it, else the first node's host)."""
     first = rank_envs[0]

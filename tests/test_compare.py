@@ -185,7 +185,7 @@ def test_the_fingerprint_is_a_value_or_a_reason_never_a_guess():
 
 
 def test_the_fingerprint_holds_gpu_name_and_count_per_node():
-    from harness.fingerprint import merge
+    from harness.fingerprint import merge_fingerprints as merge
 
     ranks = [{"hostname": "n1", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "slurm_cluster": "c1",
               "unavailable": {}}] * 2 + [{"hostname": "n2", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 4,

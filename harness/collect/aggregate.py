@@ -76,7 +76,7 @@ def environment(ranks: list[dict]) -> dict:
     env.pop("slurm_node", None)  # per rank, not per run: the list above holds them all
     for key in ("gpu_name", "gpu_count"):  # per node, in `gpus` (harness/fingerprint.py)
         env.pop(key, None)
-    env.update(fingerprint.merge([r["env"] for r in ranks], node_of))
+    env.update(fingerprint.merge_fingerprints([r["env"] for r in ranks], node_of))
     return env
 
 

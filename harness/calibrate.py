@@ -55,10 +55,11 @@ import time
 from pathlib import Path
 
 from harness.config import CONF_DIR
+from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp, calibrate_gpu
 from harness.tools.calibrate_collectives import COLLECTIVES, IN_STEP
 from harness.tools.calibrate_collectives_fit import run_collectives, tables
-from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp, calibrate_gpu
-from harness.tools.calibrate_compute import cpu_clock, measure as measure_compute
+from harness.tools.calibrate_compute import cpu_clock
+from harness.tools.calibrate_compute import measure as measure_compute
 
 HW_DIR = CONF_DIR / "hardware"
 LOCAL = "local"  # conf/hardware/local/: this machine's calibrated profiles, ignored by git (.gitignore)

@@ -10,7 +10,7 @@ commit compares run for run. For each config:
                               same otherwise (within noise, or within the threshold)
     memory                    peak and model-state bytes, any change in exact bytes
 
-then what differs between the two environments (harness/fingerprint.py), and the configs only one side
+then what differs between the two environments (harness/collect/aggregate.py), and the configs only one side
 ran. Exit status: 1 if any config is slower (a CI job can gate on it), 0 otherwise, 2 for bad input.
 The model is pyperf's compare_to and asv's regression check; the noise model is harness/collect/aggregate.py.
 """
@@ -25,11 +25,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.collect import repeats as rp
 from harness.collect import aggregate
-from harness.fingerprint import COMPARED
-from harness.labels import labels
-from harness.report.fmt import ci_text, nbytes
+from harness.collect.aggregate import COMPARED
+from harness.labels import ci_text, labels, nbytes
 from harness.run import record as rec
 
 DEFAULT_THRESHOLD_PCT = 5.0
@@ -61,16 +59,16 @@ class Row:
 def compare_configs(a: dict[str, list[dict]], b: dict[str, list[dict]], threshold_pct: float) -> list[Row]:
     """A row per config either side ran (A's order, then B's own); a and b: repeats.by_config."""
     ids = list(dict.fromkeys([*a, *b]))
-    shown = [rp.config_record(a.get(i) or b[i]) for i in ids]
+    shown = [aggregate.config_record(a.get(i) or b[i]) for i in ids]
     rows = []
     for i, label in zip(ids, labels(shown)):
-        ra, rb = (rp.config_record(side[i]) if i in side else None for side in (a, b))
+        ra, rb = (aggregate.config_record(side[i]) if i in side else None for side in (a, b))
         row = Row(i, label, ra, rb)
         rows.append(row)
         if ra is None or rb is None:
             row.note = f"only in {'A' if rb is None else 'B'}"
             continue
-        ga, gb = rp.step_groups(a[i]), rp.step_groups(b[i])
+        ga, gb = aggregate.step_groups(a[i]), aggregate.step_groups(b[i])
         if not ga or not gb:
             row.note = f"not comparable: A {ra['status']}, B {rb['status']}"
             continue
@@ -102,7 +100,7 @@ def env_differences(a: list[dict], b: list[dict]) -> list[tuple[str, str, str]]:
 def _read(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"no records file at {path}")
-    records = rp.latest(rec.read(path))
+    records = aggregate.latest(rec.read(path))
     if not records:
         raise ValueError(f"{path} holds no records")
     return records
@@ -124,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         console.print(escape(str(e)))
         return 2
-    rows = compare_configs(rp.by_config(a), rp.by_config(b), args.threshold)
+    rows = compare_configs(aggregate.by_config(a), aggregate.by_config(b), args.threshold)
     t = Table(title=f"{args.b} vs {args.a} (threshold {args.threshold:g} %)", title_justify="left",
               header_style="bold")
     for col in ("run", "A tokens/s", "A 95% CI", "n", "B tokens/s", "B 95% CI", "n", "B/A", "B/A 95% CI", "verdict"):

@@ -209,7 +209,7 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     study: str = ADHOC_STUDY  # records go to <results_dir>/<study>.jsonl
     series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
-    repeats: int = 1  # a sweep runs its configs this many times round-robin (A B C A B C ...): harness/collect/repeats.py
+    repeats: int = 1  # a sweep runs its configs this many times round-robin (A B C A B C ...): harness/collect/aggregate.py
     repeat: int = 0  # which repeat this run is (set by the sweeper; a record's `repeat`)
     results_dir: str = "results"
     allow_oversubscribe_memory: bool = False  # run even when predicted memory exceeds the device (or, on CPU, the host)

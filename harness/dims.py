@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class Axis:
     """One parallel degree a config sets (`parallel.<name>`), as every table, label and record shows it."""

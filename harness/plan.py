@@ -38,8 +38,13 @@ from dataclasses import replace
 from harness import catalog
 from harness.dims import DEGREES
 from harness.tools.plan_reasons import network, why
-from harness.tools.plan_space import (divisors, hsdp_prediction, hsdp_replicas, with_low_precision_params,
-                                      with_sequence_parallel)
+from harness.tools.plan_space import (
+    divisors,
+    hsdp_prediction,
+    hsdp_replicas,
+    with_low_precision_params,
+    with_sequence_parallel,
+)
 
 # (schedule, the vpp values tried) for pp > 1, from the catalog; one stage per rank when pp = 1
 SCHEDULES_VPP = tuple((name, row.plan_vpps) for name, row in catalog.SCHEDULES.items() if row.plan_vpps)

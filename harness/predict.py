@@ -44,8 +44,7 @@ def summary(out: dict) -> str:
         return f"invalid: {out['error']}"
     from harness.catalog import fp32_on_gpu_note
     from harness.dims import COMM_AXES
-    from harness.labels import base_label
-    from harness.report.fmt import nbytes
+    from harness.labels import base_label, nbytes
 
     c = out["config"]
     lines = [f"{base_label({'config': c, 'dims': out['dims']})}: {c['model']['name']} on "

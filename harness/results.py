@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.collect.repeats import key as repeat_key
+from harness.collect.aggregate import key as repeat_key
+from harness.labels import labels
 from harness.run import record as rec
 from harness.run.record import flatten
-from harness.labels import labels
 
 
 def load(path: str | Path, latest: bool = True):

@@ -6,9 +6,8 @@ no branch here unless it brings a new constraint.
 from __future__ import annotations
 
 from harness import catalog
-from harness.config import CONF_DIR, RunConfig
+from harness.config import CONF_DIR, RunConfig, check_domains
 from harness.dims import MESH_AXES, ConfigError, ParallelDims
-from harness.config import check_domains
 
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
 MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),

@@ -31,7 +31,6 @@ from harness.run import record
 from launch.local import LaunchResult
 
 
-
 def selected_ranks(run, dims) -> list[int]:
     if run.launcher.ranks:
         return sorted(set(int(r) for r in run.launcher.ranks))

@@ -152,8 +152,13 @@ def parallel_styles(module_names, sequence_parallel: bool, loss_parallel: bool) 
     """module name -> torch ParallelStyle for every planned module among `module_names` (a pipeline
     stage may lack the embeddings or the head; a MoE block has no mlp.fc1)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     sp = sequence_parallel
     between = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks (B, T, h)

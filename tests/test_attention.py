@@ -10,8 +10,7 @@ from harness.costmodel import activations, traffic
 
 
 def _loss_and_grads(attention: str, dropout: float):
-    from models.gpt import build_model
-    from models.gpt import cross_entropy
+    from models.gpt import build_model, cross_entropy
 
     m = compose_run(["model=tiny", f"model.attention={attention}", f"model.dropout={dropout}"]).model
     model = build_model(m, 3)

@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from harness.config import RunConfig, as_dict, to_run_config
+from harness.config import DOMAINS, RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError
-from harness.config import DOMAINS
 from harness.run import record as rec
 from harness.run.job import _plan
 from launch import local

@@ -158,9 +158,9 @@ def test_gpu_calibration_runs_its_whole_path_and_composes(tmp_path):
     GEMM grid per dtype, the triad, brigade's step under torch.profiler. The profile keeps what the base
     cites and was not measured (the network, the overlap slowdown, peak), replaces what was, and the
     cost model reads the measured figures: the same config is predicted slower on this CPU's rates."""
+    from harness.calibrate import write_profile
     from harness.config import as_dict, compose_run
     from harness.tools import calibrate_gpu
-    from harness.calibrate import write_profile
 
     base = as_dict(compose_run(["hardware=h100_sxm"]))["hardware"]
     prof = calibrate_gpu.calibrate(base, "h100_cpu_test", GPU_TEST_MODE, device="cpu")

@@ -89,13 +89,14 @@ class SyntheticStep:
 
 
 def _worker(out: str) -> None:
+    import os
+
     import torch
     import torch.distributed as dist
 
     from harness.config import RunConfig, StrategyConfig, WorkloadConfig
     from harness.dims import ParallelDims
     from harness.worker.measure import FR_BUFFER_SIZE, ProfiledWindow
-    import os
 
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
     torch.set_num_threads(1)

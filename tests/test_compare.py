@@ -1,5 +1,5 @@
 """Noise, repeats and comparisons: the bootstrap intervals (harness/collect/aggregate.py), a config's
-statistics from its repeats (harness/collect/repeats.py), and `python -m harness.compare`'s verdicts,
+statistics from its repeats (harness/collect/aggregate.py), and `python -m harness.compare`'s verdicts,
 memory and environment differences, one-sided runs and exit status, on records made by make_record."""
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from harness.collect import repeats as rp
 from harness.collect import aggregate
 from harness.compare import compare_configs, verdict
 from harness.config import as_dict, to_run_config
@@ -70,9 +69,9 @@ def test_repeats_share_a_run_id_and_pool_into_one_config_record(tmp_path):
     rng = random.Random(3)
     recs = [_record(tmp_path, ["strategy=single"], i, _steps(rng, 0.1)) for i in range(3)]
     assert len({r["run_id"] for r in recs}) == 1 and [r["repeat"] for r in recs] == [0, 1, 2]
-    by = rp.by_config(recs + [recs[1]])  # a re-run of repeat 1 replaces it, not a 4th repeat
+    by = aggregate.by_config(recs + [recs[1]])  # a re-run of repeat 1 replaces it, not a 4th repeat
     assert list(by) == [recs[0]["run_id"]] and len(by[recs[0]["run_id"]]) == 3
-    c = rp.config_record(by[recs[0]["run_id"]])
+    c = aggregate.config_record(by[recs[0]["run_id"]])
     pooled = [x for r in recs for x in r["measured"]["step_times_s"]]
     assert c["repeats"] == 3 and c["measured"]["repeats_ok"] == 3
     assert c["measured"]["step_time_s"] == pytest.approx(sorted(pooled)[14] / 2 + sorted(pooled)[15] / 2)
@@ -101,7 +100,7 @@ def test_compare_says_same_slower_and_faster_with_memory_environment_and_one_sid
          for i in range(3) for cfg, base, mem in ((single, 0.10, 1000), (ddp, 0.08 * 1.3, 1000),
                                                    (["strategy=fsdp", "parallel.dp=2"], 0.09, 1000))]
     b += [_record(tmp_path, single, 3, _steps(rng, 0.10), env_b, mem=1024)]  # a 4th repeat, more memory
-    rows = {r.label: r for r in compare_configs(rp.by_config(a), rp.by_config(b), 5)}
+    rows = {r.label: r for r in compare_configs(aggregate.by_config(a), aggregate.by_config(b), 5)}
     assert rows["single"].verdict == "same" and rows["ddp dp2"].verdict == "slower"
     assert rows["ddp dp2"].ratio[2] < 0.95 and rows["ddp dp2"].ratio[0] == pytest.approx(1 / 1.3, rel=0.05)
     assert rows["zero1 dp2"].note == "only in A" and rows["fsdp dp2"].note == "only in B"
@@ -134,7 +133,7 @@ def test_a_failed_side_is_listed_not_compared(tmp_path):
     rng = random.Random(5)
     a = [_record(tmp_path, ["strategy=single"], 0, _steps(rng, 0.1))]
     b = [_record(tmp_path, ["strategy=single"], 0, [], status="failed")]
-    row, = compare_configs(rp.by_config(a), rp.by_config(b), 5)
+    row, = compare_configs(aggregate.by_config(a), aggregate.by_config(b), 5)
     assert row.verdict == "" and row.note == "not comparable: A ok, B failed"
 
 
@@ -143,15 +142,17 @@ def test_wandb_defines_the_scaling_metrics_and_logs_the_intervals(tmp_path):
     in config and summary, and the tokens/s interval's bounds in the summary."""
     from omegaconf import OmegaConf
 
-    from harness.run.record import SCALING_METRICS, log_record
-    from tests.wandb_file import records as wandb_records, summary_and_history
+    from harness.run.record import SCALING_METRICS, log_record, run_identity
+    from tests.wandb_file import records as wandb_records
+    from tests.wandb_file import summary_and_history
 
     rng = random.Random(7)
     r = _record(tmp_path, ["strategy=ddp", "parallel.dp=2", "series=strong"], 0, _steps(rng, 0.1),
                 {"git_commit": "abc123", "cluster": "vm"})
     r["measured"]["losses"] = [3.0] * 10
     logger = OmegaConf.create({"name": "wandb", "mode": "offline", "project": "brigade", "entity": None})
-    assert log_record(r, tmp_path / "run", logger, job_type="local")
+    ident = run_identity(r, tmp_path / "run", logger, "ddp dp2")
+    assert log_record(r, ident, tmp_path / "run", logger, job_type="local") is None  # None: the W&B run exists
     import wandb
 
     wandb.teardown()  # the W&B service writes the run file behind the process: done when it is shut down
@@ -176,7 +177,7 @@ FINGERPRINT = ("cuda", "nccl", "driver", "interconnect", "slurm_job_id", "slurm_
 
 def test_the_fingerprint_is_a_value_or_a_reason_never_a_guess():
     """On any machine: every field read, or null with `unavailable.<field>` saying why."""
-    from harness.fingerprint import host_fingerprint
+    from harness.collect.aggregate import host_fingerprint
 
     env = host_fingerprint()
     for k in FINGERPRINT:
@@ -185,7 +186,7 @@ def test_the_fingerprint_is_a_value_or_a_reason_never_a_guess():
 
 
 def test_the_fingerprint_holds_gpu_name_and_count_per_node():
-    from harness.fingerprint import merge_fingerprints as merge
+    from harness.collect.aggregate import merge_fingerprints as merge
 
     ranks = [{"hostname": "n1", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "slurm_cluster": "c1",
               "unavailable": {}}] * 2 + [{"hostname": "n2", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 4,

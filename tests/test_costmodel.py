@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from harness.config import compose_run
 from harness.costmodel import activations, comm, pipeline
 from harness.costmodel.estimate import evaluate
-from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-from harness.costmodel.params import rank_inventory, numel
-from harness.config import compose_run
+from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.params import numel, rank_inventory
 from harness.predict import predict_overrides
 from tests.helpers import REPO
 

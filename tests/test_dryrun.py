@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import compose_run
+from harness.config import MAX_WORLD, compose_run
 from harness.dims import ConfigError
-from harness.config import MAX_WORLD
 from harness.validate import validate
 from tests.helpers import run
 

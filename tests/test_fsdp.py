@@ -7,7 +7,14 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import DEVICES, assert_losses_match, assert_states_as_predicted, compose_config, device_overrides, run
+from tests.helpers import (
+    DEVICES,
+    assert_losses_match,
+    assert_states_as_predicted,
+    compose_config,
+    device_overrides,
+    run,
+)
 
 pytestmark = pytest.mark.slow
 

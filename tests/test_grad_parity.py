@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parity import (HEAVY, LAYOUTS, RTOL, check_gradients, check_losses, gradient_errors, gradients, loss_error,
-                          parity_run)
+from tests.parity import (
+    HEAVY,
+    LAYOUTS,
+    RTOL,
+    check_gradients,
+    check_losses,
+    gradient_errors,
+    gradients,
+    loss_error,
+    parity_run,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
+from harness.config import compose_run
 from harness.costmodel.flops import layer_forward_flops_per_token
 from harness.costmodel.params import model_shape, numel, params_total, rank_inventory
 from harness.dims import ConfigError
-from harness.config import compose_run
 from harness.validate import MODEL_OPTIONS, validate
 
 # Parameter counts of the released checkpoints (sum of the tensors in their safetensors index)
@@ -95,8 +95,7 @@ def test_bad_llama_options_are_refused_with_the_arithmetic(overrides, message):
 # -- meta-device construction ----------------------------------------------------------------------
 
 def test_meta_build_allocates_nothing_and_materialize_matches_the_eager_build():
-    from models.gpt import build_model
-    from models.gpt import materialize
+    from models.gpt import build_model, materialize
 
     m = model_cfg("model=llama_tiny", "model.tie_embeddings=true")
     meta = build_model(m, device="meta")
@@ -118,8 +117,7 @@ def _rank_shards(run, rank: int) -> list[tuple[str, tuple, torch.Tensor]]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from harness import strategies
-    from models.gpt import build_model
-    from models.gpt import _local_view
+    from models.gpt import _local_view, build_model
 
     dims = validate(run)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)

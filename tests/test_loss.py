@@ -12,8 +12,7 @@ from harness.dims import ConfigError
 from harness.run.record import run_id
 from harness.validate import MODEL_OPTIONS, validate
 from launch.dryrun import PeakBytes
-from models.gpt import build_model
-from models.gpt import LOSSES, chunked_cross_entropy, cross_entropy, loss_function
+from models.gpt import LOSSES, build_model, chunked_cross_entropy, cross_entropy, loss_function
 
 
 def tiny_batch(run, b=2):

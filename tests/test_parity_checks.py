@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.run import record
+from harness.run.record import grads_file
 from tests.parity import HEAVY, LAYOUTS, check_gradients, check_losses, worst
 
 GRADS = {"wte.weight": torch.tensor([[1.0, -2.0], [0.5, 3.0]]), "ln_f.bias": torch.tensor([0.25, -0.75])}
@@ -23,7 +23,7 @@ def record(tmp_path, name: str, per_rank: list[dict], losses=(6.9, 6.8, 6.7)) ->
     run_dir = tmp_path / name
     run_dir.mkdir()
     for rank, grads in enumerate(per_rank):
-        torch.save(grads, run_dir / record.grads_file(rank))
+        torch.save(grads, run_dir / grads_file(rank))
     return {"run_dir": str(run_dir), "dims": {"world_size": len(per_rank)}, "measured": {"losses": list(losses)}}
 
 

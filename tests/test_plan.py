@@ -8,8 +8,8 @@ import re
 import pytest
 
 from harness.catalog import strategy_for as strategy_of
-from harness.plan import main, search
 from harness.config import compose_run
+from harness.plan import main, search
 from harness.predict import predict_overrides, summary
 from tests.helpers import records
 

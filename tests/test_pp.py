@@ -11,7 +11,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.dims import ParallelDims
-
 from tests.helpers import DEVICES, assert_losses_match, assert_states_as_predicted, device_overrides, run
 
 pytestmark = pytest.mark.slow

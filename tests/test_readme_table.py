@@ -6,8 +6,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.tools.readme_table import (FILE_GROUPS, GROUPS_BEGIN, GROUPS_END, README, groups_table, header_comment,
-                                       read_reference, readme_block, render)
+from harness.tools.readme_table import (
+    FILE_GROUPS,
+    GROUPS_BEGIN,
+    GROUPS_END,
+    README,
+    groups_table,
+    header_comment,
+    read_reference,
+    readme_block,
+    render,
+)
 from tests.helpers import CONF_DIR
 
 

@@ -59,8 +59,8 @@ def test_records_written_before_the_reorganisation_still_load_and_resume(tmp_pat
     import shutil
 
     from harness.config import as_dict, compose_run
-    from harness.report import write_report
     from harness.fidelity import table
+    from harness.report import write_report
 
     src = Path(__file__).parent / "fixtures" / "records" / "pre_catalog.jsonl"
     old = rec.read(src)

@@ -12,9 +12,8 @@ import sys
 
 import pytest
 
-from harness.collect import repeats as rp
 from harness.collect import aggregate
-from harness.report.fmt import ci_text
+from harness.labels import ci_text
 from harness.report.index import INDEX, load_studies, write_index
 from tests.helpers import FAST, REPO, cli, records
 
@@ -66,7 +65,7 @@ def test_repeats_run_round_robin_each_its_own_record(noise_studies):
         assert m["tokens_per_s_ci95"] == pytest.approx([m["tokens_per_step"] / hi, m["tokens_per_step"] / lo])
     # the end-of-study table and the report: one row for the config, its repeats pooled with their interval
     # (in this sweep the latest record of each repeat is the slowed copy's: a re-run replaces a record)
-    config, = rp.config_records(rows)
+    config, = aggregate.config_records(rows)
     interval = ci_text(config["measured"]["tokens_per_s_ci95"])
     assert config["repeats"] == 3 and config["measured"]["step_times_s"] == rows[-1]["measured"]["step_times_s"]
     assert "95% CI" in noise_studies["stderr"] and "│ 3 │" in noise_studies["stderr"]
@@ -108,8 +107,9 @@ def test_the_index_shows_every_study_and_flags_the_slowed_one(noise_studies):
 
 def test_the_index_in_a_browser(noise_studies, tmp_path):
     pytest.importorskip("playwright")
-    from tests.test_report_browser import ARGS, CHROMIUM, page_of
     from playwright.sync_api import sync_playwright
+
+    from tests.test_report_browser import ARGS, CHROMIUM, page_of
 
     d = noise_studies["studies"]
     html = write_index(d)

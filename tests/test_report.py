@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import ring, scaling
 from harness import catalog
 from harness.costmodel import pipeline, schedule
+from harness.report import ring, scaling
 from harness.report.mesh import describe
 from harness.report.study import Run, load
 from tests.helpers import cli, records

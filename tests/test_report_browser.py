@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.labels import nbytes, pct, rate
 from harness.report import write_report
-from harness.report.fmt import nbytes, pct, rate
 from tests.test_report import STUDY, by_strategy, report_study
 
 CHROMIUM = "/usr/bin/chromium"

@@ -6,9 +6,14 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 """
 from __future__ import annotations
 
+import copy
+import os
+import shutil
 import statistics
+import subprocess
+from pathlib import Path
 
-from harness import catalog, fingerprint
+from harness import catalog
 from harness.collect import trace_analysis
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
 
@@ -74,9 +79,9 @@ def environment(ranks: list[dict]) -> dict:
     env["nodes"] = sorted(set(node_of))
     env["num_nodes"] = len(env["nodes"])
     env.pop("slurm_node", None)  # per rank, not per run: the list above holds them all
-    for key in ("gpu_name", "gpu_count"):  # per node, in `gpus` (harness/fingerprint.py)
+    for key in ("gpu_name", "gpu_count"):  # per node, in `gpus` (harness/collect/aggregate.py)
         env.pop(key, None)
-    env.update(fingerprint.merge_fingerprints([r["env"] for r in ranks], node_of))
+    env.update(merge_fingerprints([r["env"] for r in ranks], node_of))
     return env
 
 
@@ -249,4 +254,223 @@ def merge(ranks: list[dict]) -> dict:
         out["comm_profile_error"] = errors[0]
     out.update(ab_exposed([r.get("comm_ab") for r in ranks if r.get("comm_ab")]))
     out["profile_traces"] = sorted(f"trace_rank{r['rank']}.json" for r in ranks if r.get("comm_profile"))
+    return out
+
+
+# -- repeats ---------------------------------------------------------------------------------------
+# A config's statistics from its repeats (`repeats=N`): every repeat is its own record with the same
+# run_id and `repeat: i`; what a table, report, index or comparison shows for the config is computed here.
+#
+#     key(record)            (run_id, repeat): what a resumed study looks for, one record per repeat
+#     latest(records)        the latest record of each (run_id, repeat), in first-seen order
+#     by_config(records)     run_id -> its repeats' latest records
+#     config_record(repeats) one record for the config: the latest repeat's, its measured throughput
+#                            replaced by the pooled median of every ok repeat's step times with a
+#                            two-level bootstrap 95 % interval (harness/collect/aggregate.py)
+#
+# A record written before repeats existed has no `repeat` field: it is repeat 0.
+
+def repeat_of(record: dict) -> int:
+    return int(record.get("repeat") or 0)
+
+
+def key(record: dict) -> tuple[str, int]:
+    return record["run_id"], repeat_of(record)
+
+
+def latest(records: list[dict]) -> list[dict]:
+    """The latest record of each (run_id, repeat) (a re-run replaces an earlier attempt), first-seen order."""
+    out: dict[tuple[str, int], dict] = {}
+    for r in records:
+        if isinstance(r, dict) and "run_id" in r:
+            out.pop(key(r), None)
+            out[key(r)] = r
+    first = list(dict.fromkeys(key(r) for r in records if isinstance(r, dict) and "run_id" in r))
+    return [out[k] for k in first]
+
+
+def by_config(records: list[dict]) -> dict[str, list[dict]]:
+    """run_id -> the latest record of each of its repeats, by repeat; configs in first-seen order."""
+    out: dict[str, list[dict]] = {}
+    for r in latest(records):
+        out.setdefault(r["run_id"], []).append(r)
+    return {k: sorted(v, key=repeat_of) for k, v in out.items()}
+
+
+def step_groups(repeats: list[dict]) -> list[list[float]]:
+    """Each ok repeat's timed step times (the samples a config's interval is drawn from)."""
+    return [list(r["measured"]["step_times_s"]) for r in repeats
+            if r.get("status") == "ok" and (r.get("measured") or {}).get("step_times_s")]
+
+
+def config_record(repeats: list[dict]) -> dict:
+    """One record standing for the config. With one repeat, that record untouched (its run interval is
+    already in `measured`); with several, the latest one with throughput from all ok repeats pooled, and
+    `measured.repeats_ok` / `repeats` saying how many there were."""
+    ok = [r for r in repeats if r.get("status") == "ok"]
+    base = (ok or repeats)[-1]
+    groups = step_groups(ok)
+    if len(repeats) == 1 or not groups or not base["measured"].get("tokens_per_step"):
+        return base
+    out = copy.deepcopy(base)
+    m, old = out["measured"], base["measured"]["step_time_s"]
+    tokens = m["tokens_per_step"]
+    step, *_ = median_ci(groups)
+    scale = old / step  # per-device rates and MFU are proportional to 1 / step time
+    m["step_time_s"] = step
+    m["tokens_per_s"] = tokens / step
+    for k in ("tokens_per_s_per_device", "tflops_per_device", "mfu_pct"):
+        if isinstance(m.get(k), (int, float)):
+            m[k] *= scale
+    m.update(throughput_ci(groups, tokens))
+    m["repeats_ok"] = len(groups)
+    out["fidelity"] = ratios(m, out.get("predicted") or {})
+    out["repeats"] = len(repeats)
+    return out
+
+
+def config_records(records: list[dict]) -> list[dict]:
+    """One record per config (config_record of its repeats), configs in first-seen order."""
+    return [config_record(v) for v in by_config(records).values()]
+
+
+# -- fingerprint -----------------------------------------------------------------------------------
+# The environment fingerprint of a run: what must match before two measurements are compared, and
+# what `harness.compare` and the index print when it does not.
+#
+# Each rank reports its own (`rank_fingerprint`, in the worker, torch imported): CUDA, NCCL, the NVIDIA
+# driver, the GPUs its node shows, the interconnect where the machine lets it be read, and the SLURM job.
+# The parent folds the ranks into one (`merge`): GPU name and count per node. A field that cannot be
+# read is null, and `unavailable` says why (a CPU build of torch has no CUDA; a laptop has no SLURM job):
+# never a guess.
+
+# the fields `harness.compare` lists when two records files differ in them, in this order
+COMPARED = ("torch", "cuda", "nccl", "driver", "gpus", "num_nodes", "interconnect", "cluster",
+            "git_commit", "git_dirty")
+_NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
+_IB = Path("/sys/class/infiniband")
+
+
+def _run(cmd: list[str]) -> str | None:
+    """A short read-only command's output, None when it is absent or fails (5 s at most)."""
+    if not shutil.which(cmd[0]):
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def driver_version() -> tuple[str | None, str | None]:
+    """(version, None) or (None, why): the kernel module's own line, else nvidia-smi's answer."""
+    try:
+        for word in _NVIDIA_VERSION.read_text().split():
+            if word[:1].isdigit() and word.count(".") >= 1:
+                return word, None
+    except OSError:
+        pass
+    smi = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if smi:
+        return smi.splitlines()[0].strip(), None
+    return None, f"no NVIDIA driver ({_NVIDIA_VERSION} absent, no nvidia-smi)"
+
+
+def interconnect() -> tuple[dict | None, str | None]:
+    """({"infiniband": [{"device", "port", "rate", "state"}], "nvlink": <nvidia-smi topo -m>}, None),
+    with only what this node shows, or (None, why) when it shows neither."""
+    out: dict = {}
+    ports = []
+    for port in sorted(_IB.glob("*/ports/*")) if _IB.is_dir() else []:
+        def read(name, p=port):
+            try:
+                return (p / name).read_text().strip()
+            except OSError:
+                return None
+        ports.append({"device": port.parts[-3], "port": port.name, "rate": read("rate"), "state": read("state"),
+                      "link_layer": read("link_layer")})
+    if ports:
+        out["infiniband"] = ports
+    topo = _run(["nvidia-smi", "topo", "-m"])
+    if topo:
+        out["gpu_topology"] = topo  # NV# = NVLink hops, SYS/PHB/PIX = PCIe paths, per GPU pair
+    if out:
+        return out, None
+    return None, f"no InfiniBand device under {_IB} and no nvidia-smi topology"
+
+
+def slurm() -> tuple[dict, dict]:
+    """The SLURM job, partition and cluster from the job's environment; reasons when not under SLURM."""
+    job = os.environ.get("SLURM_JOB_ID")
+    got = {"slurm_job_id": job, "slurm_partition": os.environ.get("SLURM_JOB_PARTITION"),
+           "slurm_cluster": os.environ.get("SLURM_CLUSTER_NAME")}
+    why = "not a SLURM job (no SLURM_JOB_ID)" if job is None else "SLURM did not set it"
+    return got, {k: why for k, v in got.items() if v is None}
+
+
+def host_fingerprint() -> dict:
+    """What the parent reads without torch, so that a record no rank wrote (invalid, failed at launch)
+    still names its machine; the ranks' fingerprint replaces it when they ran."""
+    import socket
+
+    got: dict = {"cuda": None, "nccl": None, "gpus": None}
+    why = {k: "read by the ranks, and no rank reported" for k in got}
+    got["driver"], reason = driver_version()
+    got["interconnect"], reason2 = interconnect()
+    why.update({k: r for k, r in (("driver", reason), ("interconnect", reason2)) if r})
+    s, s_why = slurm()
+    got.update(s)
+    why.update(s_why)
+    got["cluster"] = s["slurm_cluster"] or socket.gethostname()
+    if not s["slurm_cluster"]:
+        why["cluster"] = _NO_CLUSTER
+    got["unavailable"] = why
+    return got
+
+
+_NO_CLUSTER = "no SLURM cluster name: the first node's hostname stands for it"
+
+
+def rank_fingerprint(device) -> dict:
+    """This rank's fingerprint (in the worker: torch is imported here)."""
+    import torch
+
+    got: dict = {}
+    why: dict = {}
+    got["cuda"] = torch.version.cuda
+    if got["cuda"] is None:
+        why["cuda"] = f"torch {torch.__version__} is a build without CUDA"
+    if device.type == "cuda":
+        got["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        got["gpu_name"] = torch.cuda.get_device_name(device)
+        got["gpu_count"] = torch.cuda.device_count()
+    else:
+        got["nccl"] = got["gpu_name"] = None
+        got["gpu_count"] = torch.cuda.device_count() if got["cuda"] else 0
+        why["nccl"] = f"device {device.type}: NCCL runs only with CUDA devices"
+        why["gpu_name"] = f"device {device.type}: no GPU in use"
+    got["driver"], reason = driver_version()
+    if reason:
+        why["driver"] = reason
+    got["interconnect"], reason = interconnect()
+    if reason:
+        why["interconnect"] = reason
+    s, s_why = slurm()
+    got.update(s)
+    why.update(s_why)
+    got["unavailable"] = why
+    return got
+
+
+def merge_fingerprints(rank_envs: list[dict], nodes: list[str]) -> dict:
+    """The run's fingerprint from every rank's: the first rank's fields, GPU name and count per node,
+    and the cluster (SLURM's name for it, else the first node's host)."""
+    first = rank_envs[0]
+    gpus: dict[str, dict] = {}
+    for env, node in zip(rank_envs, nodes):
+        gpus.setdefault(node, {"gpu_name": env.get("gpu_name"), "gpu_count": env.get("gpu_count")})
+    out = {"gpus": gpus or None, "cluster": first.get("slurm_cluster") or first.get("hostname")}
+    if not first.get("slurm_cluster"):
+        out.setdefault("unavailable", dict(first.get("unavailable") or {}))
+        out["unavailable"]["cluster"] = _NO_CLUSTER
     return out

@@ -31,9 +31,9 @@ from harness.costmodel.flops import model_flops_per_step  # noqa: F401
 
 def predict(run, dims) -> dict:
     """Predicted figures for one config (RunConfig, ParallelDims), under the same names as the measured ones."""
+    from harness.costmodel import layouts4d
     from harness.costmodel.estimate import evaluate
     from harness.costmodel.inputs import Hardware, Model, Strategy
-    from harness.costmodel import layouts4d
     from harness.validate import num_microbatches
 
     w = run.workload

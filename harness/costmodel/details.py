@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from harness.costmodel import activations as act
 from harness.costmodel import pipeline as pipe
+from harness.costmodel.layout import Layout
 
 MODEL_STATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 
 from harness.costmodel import comm
+from harness.costmodel import memory as mem
 from harness.costmodel.compute import GemmCurve
 from harness.costmodel.fabric import Fabric
-from harness.costmodel import memory as mem
-from harness.costmodel.flops import (attention_core_flops_per_token, head_forward_flops_per_token,
-                                     layer_forward_flops_per_token, selective_op_recompute_flops_per_token)
+from harness.costmodel.flops import (
+    attention_core_flops_per_token,
+    head_forward_flops_per_token,
+    layer_forward_flops_per_token,
+    selective_op_recompute_flops_per_token,
+)
 from harness.costmodel.params import model_shape, params_total
 
 

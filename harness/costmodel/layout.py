@@ -14,14 +14,20 @@ from dataclasses import dataclass, field
 
 from harness import catalog
 from harness.costmodel import activations as act
-from harness.costmodel import comm
-from harness.costmodel.dp_comm import dp_collectives
+from harness.costmodel import comm, traffic
 from harness.costmodel import memory as mem
-from harness.costmodel import traffic
+from harness.costmodel.dp_comm import dp_collectives
 from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
+from harness.costmodel.params import (
+    block_numel,
+    block_tensors,
+    norm_tensors,
+    numel,
+    option,
+    rank_inventory,
+    tp_block_collectives,
+)
 from models.pipeline_split import stage_layer_counts
-from harness.costmodel.params import (block_numel, block_tensors, norm_tensors, numel, option, rank_inventory,
-                                      tp_block_collectives)
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ group within one node: intra). HSDP's replica all-reduces overlap the backward o
 """
 from __future__ import annotations
 
+from harness.catalog import PRECISION_BYTES
 from harness.costmodel import comm
 from harness.costmodel.estimate import overlap_interference_s
-from harness.catalog import PRECISION_BYTES
 
 PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
              "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s", "compute_gemm_time_s", "compute_attention_time_s",

@@ -28,7 +28,6 @@ only through ties of equal size, which do not change per-rank bytes.
 from __future__ import annotations
 
 import functools
-
 from functools import lru_cache
 
 from harness import catalog

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from harness import catalog
 
 
-
 @dataclass
 class Simulation:
     schedule: str

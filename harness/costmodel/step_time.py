@@ -29,9 +29,8 @@ import math
 from dataclasses import dataclass
 
 from harness import catalog
-from harness.costmodel import comm
+from harness.costmodel import comm, traffic
 from harness.costmodel import pipeline as pipe
-from harness.costmodel import traffic
 from harness.costmodel.compute import microbatch_times
 from harness.costmodel.layout import cpu_slowdowns
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from harness.report.fmt import esc, ratio, ratio_class
+from harness.labels import esc, ratio, ratio_class
 
 
 class Figures:

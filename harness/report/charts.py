@@ -4,10 +4,9 @@ same numbers.
 """
 from __future__ import annotations
 
-from harness.config import MiB
-from harness.report import scaling
 from harness.costmodel.schedule import idle_intervals
 from harness.dims import COMM_AXES
+from harness.report import scaling
 from harness.report.study import MEMORY_PARTS, Study
 
 ACTION_COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#b07aa1", "idle": "rgba(160,160,160,0.35)"}

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 
+from harness import catalog
+from harness.labels import esc, nbytes, pct, rate, seconds
 from harness.report import ring as ringmod
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
-from harness import catalog
-from harness.report.fmt import esc, nbytes, pct, rate, seconds
 from harness.report.study import Run, Study, candidates, command_for
 
 ZERO_NAMES = {0: "replicated (DDP)", 1: "ZeRO-1: optimizer state", 2: "ZeRO-2: + gradients",

@@ -9,7 +9,7 @@ Every study in the directory (each <study>.jsonl), in time order, on one page:
                 a regression between two consecutive studies is flagged as `harness.compare` flags it
 
 Configs are matched across studies by run_id and summarised from their repeats, as everywhere
-(harness/collect/repeats.py). The page uses the study reports' stylesheet, script and plotly.js file
+(harness/collect/aggregate.py). The page uses the study reports' stylesheet, script and plotly.js file
 beside it (no network); it is rewritten at the end of every study (harness/run/sweep.py).
 """
 from __future__ import annotations
@@ -23,13 +23,12 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from harness.collect import repeats as rp
+from harness.collect import aggregate
 from harness.compare import DEFAULT_THRESHOLD_PCT, compare_configs
-from harness.labels import base_label, labels
+from harness.labels import base_label, ci_text, esc, labels, rate
 from harness.report import figures
 from harness.report.blocks import Figures, table
 from harness.report.charts import STRATEGY_COLOURS
-from harness.report.fmt import ci_text, esc, rate
 from harness.report.page import STATIC, plotly_js
 from harness.run import record as rec
 
@@ -63,10 +62,10 @@ def load_studies(results_dir: Path) -> list[StudyEntry]:
     """Every <study>.jsonl of results_dir with at least one record, oldest first."""
     out = []
     for path in sorted(Path(results_dir).glob("*.jsonl")):
-        records = rp.latest(rec.read(path))
+        records = aggregate.latest(rec.read(path))
         if records:
-            by = rp.by_config(records)
-            out.append(StudyEntry(path.stem, path, records, by, {k: rp.config_record(v) for k, v in by.items()}))
+            by = aggregate.by_config(records)
+            out.append(StudyEntry(path.stem, path, records, by, {k: aggregate.config_record(v) for k, v in by.items()}))
     return sorted(out, key=lambda s: (s.started, s.name))
 
 

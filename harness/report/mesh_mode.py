@@ -4,10 +4,10 @@ rank is on, which groups cross nodes) and where each collective runs, with its b
 from __future__ import annotations
 
 from harness.dims import AXES
+from harness.labels import esc, nbytes, pct
 from harness.report import mesh as meshmod
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
-from harness.report.fmt import esc, nbytes, pct
 from harness.report.study import Run, Study, candidates, command_for
 
 AXIS_WORDS = {a.name: a.title for a in AXES}

@@ -15,11 +15,11 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from harness.run.record import write_atomic
+from harness.labels import esc
 from harness.report import dp_mode, mesh_mode, pp_mode, tp_mode, views
 from harness.report.blocks import Figures
-from harness.report.fmt import esc
 from harness.report.study import Study, candidates
+from harness.run.record import write_atomic
 
 MODES = (("dp", "DP", "data parallel", dp_mode), ("tp", "TP", "tensor parallel", tp_mode),
          ("pp", "PP", "pipeline parallel", pp_mode), ("mesh", "3D", "device mesh", mesh_mode))

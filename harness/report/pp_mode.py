@@ -4,11 +4,11 @@ the textbook formula (p-1)/(v*m+p-1), the cost model, and measured (1 - busy / p
 """
 from __future__ import annotations
 
-from harness.report import charts, figures
-from harness.report.blocks import explain, notice, num_span, selector, table
-from harness.report.fmt import esc, pct
 from harness import catalog
 from harness.costmodel.schedule import formula_bubble_pct, simulate
+from harness.labels import esc, pct
+from harness.report import charts, figures
+from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.study import Run, Study, candidates, command_for
 
 # Drawn when the study ran no pipeline: every schedule the simulator orders exactly (not the greedy

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import catalog
-from harness.collect.repeats import config_records
+from harness.collect.aggregate import config_records
 from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
 from harness.labels import base_label, labels
 from harness.run import record as rec
@@ -225,7 +225,7 @@ class Study:
 
 def load(path: str | Path, run_ids: set[str] | None = None, name: str | None = None) -> Study:
     """Read <results_dir>/<study>.jsonl; one record per config, in first-seen order: the latest one, or
-    with repeats (repeats=N) their pooled statistics (harness/collect/repeats.py).
+    with repeats (repeats=N) their pooled statistics (harness/collect/aggregate.py).
     run_ids: only those configs (one invocation's ad-hoc runs), shown under `name`."""
     path = Path(path)
     records = [r for r in rec.read(path) if run_ids is None or (isinstance(r, dict) and r.get("run_id") in run_ids)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from harness.report.fmt import esc, nbytes
+from harness.labels import esc, nbytes
 
 RANK_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
                 "#9c755f", "#bab0ac"]

@@ -17,9 +17,9 @@ The embedding (vocab-parallel) and the loss add a little more; the cost model co
 from __future__ import annotations
 
 from harness.costmodel.params import tp_block_collectives
+from harness.labels import esc, nbytes, pct, seconds
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
-from harness.report.fmt import esc, nbytes, pct, seconds
 from harness.report.study import Run, Study, candidates, command_for
 
 

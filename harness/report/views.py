@@ -2,9 +2,9 @@
 breakdown, communication share by axis, and the runs that failed or were refused, with their reasons."""
 from __future__ import annotations
 
+from harness.labels import ci_text, esc, nbytes, num, pct, rate, seconds
 from harness.report import charts, figures
 from harness.report.blocks import notice, num_span, pair_cell, table
-from harness.report.fmt import ci_text, esc, nbytes, num, pct, rate, seconds
 from harness.report.study import Study
 
 

@@ -14,8 +14,8 @@ import re
 import time
 from pathlib import Path
 
-from harness.report import charts, png_paths, scaling
 from harness.dims import COMM_AXES
+from harness.report import charts, png_paths, scaling
 from harness.report.study import load
 from harness.run.record import Status
 

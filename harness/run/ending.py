@@ -45,10 +45,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.collect.repeats import config_records
+from harness.collect.aggregate import config_records
 from harness.config import GiB
-from harness.labels import labels
-from harness.report.fmt import ci_text, nbytes
+from harness.labels import ci_text, labels, nbytes
 from harness.run import record as rec
 from harness.run.record import FAILURES, Status
 

@@ -16,9 +16,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from rich.markup import escape
 
-from harness.config import ADHOC_STUDY
-from harness.config import CONF_DIR, register_configs
+from harness.config import ADHOC_STUDY, CONF_DIR, register_configs
 from harness.run.record import results_problem
+
 
 def run_invocation(argv: list[str], task=None) -> int:
     """The whole invocation (argv as in sys.argv[1:], which Hydra's entry point parses): its exit

@@ -19,15 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.run.record import write_atomic
-from harness.run import record as rec
-from harness.run.ending import (Ending, claim_path, console, failure, held_by, holder_line, print_table,
-                                 received)
-from harness.run.record import Status, results_problem
 from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
-
+from harness.run import record as rec
+from harness.run.ending import Ending, claim_path, console, failure, held_by, holder_line, print_table, received
+from harness.run.record import Status, results_problem, write_atomic
 
 
 def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:

@@ -32,9 +32,9 @@ from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness.collect.aggregate import host_fingerprint
 from harness.collect.aggregate import ratios as fidelity_ratios
 from harness.config import ADHOC_STUDY
-from harness.fingerprint import host_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -261,7 +261,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id(config),
-        "repeat": int(config.get("repeat") or 0),  # repeats=N: the same run_id N times (harness/collect/repeats.py)
+        "repeat": int(config.get("repeat") or 0),  # repeats=N: the same run_id N times (harness/collect/aggregate.py)
         "study": config.get("study", ADHOC_STUDY),
         "strategy": (config.get("strategy") or {}).get("name"),
         "dims": dims.as_dict() if dims else None,
@@ -283,7 +283,7 @@ def already_done(config: dict, run) -> dict | None:
     """Resume: in a named study, a config that already has a finished record is not run again
     (rerun=failed re-runs failed/timeout/oom/diverged ones, rerun=all everything). An invalid or
     interrupted run never finished, so it is always run again. Each repeat is its own run."""
-    from harness.collect.repeats import key
+    from harness.collect.aggregate import key
 
     if run.study == ADHOC_STUDY or run.rerun == "all":
         return None
@@ -401,7 +401,7 @@ def _scalars(d: dict) -> dict:
 
 def scaling_axes(record: dict) -> dict:
     """What a scaling curve is drawn against and grouped by: devices (the world size), and the series,
-    study, commit and cluster the run belongs to (the environment fingerprint: harness/fingerprint.py)."""
+    study, commit and cluster the run belongs to (the environment fingerprint: harness/collect/aggregate.py)."""
     env, cfg = record.get("env") or {}, record.get("config") or {}
     return {"devices": (record.get("dims") or {}).get("world_size") or env.get("world_size"),
             "series": cfg.get("series") or "", "study": record.get("study"), "commit": env.get("git_commit"),

@@ -30,14 +30,21 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleLoopedBFS, ScheduleZBVZeroBubble)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
+)
 
 from harness import catalog
 from harness.strategies.base import Strategy
-from harness.validate import num_microbatches
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
+from harness.validate import num_microbatches
 from models.pipeline_split import stage_module, stage_splits
 
 # schedule name -> torch class; what each schedule is (placement, vpp rule, loss rank) is in harness/catalog.py

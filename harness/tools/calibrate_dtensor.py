@@ -80,7 +80,6 @@ def _build(layers: int, tp: int, sequence_parallel: bool, shapes: list[str] = TI
 
 def _count(fn) -> int:
     """DTensor operators `fn` dispatches (an operator with at least one DTensor argument)."""
-    import torch
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves

@@ -44,12 +44,11 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
     (module docstring)."""
     import torch
 
+    from harness.collect.compute_classes import ATTENTION_BACKWARD, ATTENTION_FORWARD
     from harness.config import compose_run
     from harness.costmodel.inputs import Model
-    from harness.collect.compute_classes import ATTENTION_BACKWARD, ATTENTION_FORWARD
     from harness.tools.op_profile import OpProfile
-    from models.gpt import build_model
-    from models.gpt import cross_entropy
+    from models.gpt import build_model, cross_entropy
 
     torch.set_num_threads(1)
     cfg = compose_run([f"model={MODEL}"]).model
@@ -88,13 +87,12 @@ def measure_profiled(dtype, peak_tflops: float, mode: dict, device) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from harness.collect.compute_classes import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, kind_of
     from harness.config import compose_run
     from harness.costmodel.inputs import Model
-    from harness.collect.compute_classes import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, kind_of
-    from harness.tools.op_profile import OpProfile
     from harness.tools.device_timing import sig, sync
-    from models.gpt import build_model
-    from models.gpt import cross_entropy
+    from harness.tools.op_profile import OpProfile
+    from models.gpt import build_model, cross_entropy
 
     overrides = [f"model={mode['model']}", f"model.n_layers={mode['model_layers']}"]
     if mode["seq_len"]:

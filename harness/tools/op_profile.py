@@ -21,8 +21,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness.collect.compute_classes import KINDS, kind_of  # which aten operator is which kind (pure, shared with traces)
-
+from harness.collect.compute_classes import (  # which aten operator is which kind (pure, shared with traces)
+    KINDS,
+    kind_of,
+)
 
 
 class OpProfile(TorchDispatchMode):

@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 from harness import config
-from harness.labels import labels
-from harness.report.fmt import nbytes
+from harness.labels import labels, nbytes
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results" / "reference" / "demo.jsonl"

@@ -40,7 +40,7 @@ def _environment(device) -> dict:
         env["deepspeed"] = version("deepspeed")
     except Exception:  # noqa: BLE001 - deepspeed is optional for people who bring their own stack
         env["deepspeed"] = None
-    from harness.fingerprint import rank_fingerprint
+    from harness.collect.aggregate import rank_fingerprint
 
     env.update(rank_fingerprint(device))  # CUDA, NCCL, driver, GPUs, interconnect, SLURM job
     env["device_name"] = env["gpu_name"] if device.type == "cuda" else _cpu_name()

@@ -21,8 +21,15 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from harness.config import ADHOC_STUDY
 from harness.run.ending import held_by
 from harness.run.record import already_done, read, records_path
-from launch.slurm import (SUBMITTED, SUBMITTING, SlurmJobFailed, SlurmJobSignalled, _minutes_left, job_resources,
-                          slurm_job_id)
+from launch.slurm import (
+    SUBMITTED,
+    SUBMITTING,
+    SlurmJobFailed,
+    SlurmJobSignalled,
+    _minutes_left,
+    job_resources,
+    slurm_job_id,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Benchmarks of the cost model (`make bench`): one prediction, and the planner's 1024-GPU search."""
 from __future__ import annotations
 
+from harness.config import compose_run
 from harness.costmodel import predict
 from harness.plan import search
-from harness.config import compose_run
 from harness.validate import validate
 
 

@@ -24,8 +24,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from harness.strategies.deepspeed import config as ds_config
 from harness.strategies.base import Strategy, canonical_name
+from harness.strategies.deepspeed import config as ds_config
 
 
 def import_deepspeed():

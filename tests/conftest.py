@@ -27,3 +27,14 @@ def single_reference(reference_dir):
         return _REFERENCES[key]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A test that runs brigade's parent code in-process (W&B logging, the invocation id) sets variables in
+    os.environ for the processes it would start; the next test must not inherit them (two CLI invocations
+    would share one W&B group)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

@@ -68,7 +68,7 @@ _ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|attn|sdpa", re.IGNORECASE)
 # torch.compile's GEMM templates (triton_tem_fused_mm_0, ..._addmm_1, ..._bmm_2)
 _GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass|triton_tem_fused_\w*mm",
                           re.IGNORECASE)
-# CPU: the aten operators op_kinds.py names, and the outer operators and autograd nodes a trace nests
+# CPU: the aten operators the op kinds above name, and the outer operators and autograd nodes a trace nests
 # them in (aten::linear -> aten::addmm; `evaluate_function: MmBackward0` -> aten::mm)
 _ATTENTION_OP = re.compile("|".join([rf"^aten::{n}$" for n in sorted(ATTENTION)]
                                     + [r"^aten::scaled_dot_product_attention$", r"ScaledDotProduct\w*Backward"]))

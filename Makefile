@@ -8,7 +8,7 @@ STAMP := $(VENV)/.brigade-installed
 # This machine's pip config lists local wheel folders that do not exist; pip warns about each one.
 QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 
-.PHONY: demo test test-all bench install clean-results chromium
+.PHONY: demo test test-all lint bench install clean-results chromium
 
 install: $(STAMP)
 
@@ -26,8 +26,12 @@ demo: $(STAMP)
 	$(VENV)/bin/brigade experiment=demo $(ARGS)
 
 # No -x: a run shows every failure (pytest's -ra summary lists them), not only the first.
-test: $(STAMP) chromium
+test: lint chromium
 	$(PY) -m pytest tests -q -m "not heavy"
+
+# ruff's rules and line length are in pyproject.toml ([tool.ruff]); `ruff check --fix .` sorts imports.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Everything, with the whole studies the README names (`heavy`: tens of minutes more on 2 cores).
 test-all: $(STAMP) chromium

@@ -59,7 +59,8 @@ def run_forked(fn, *args, timeout_s: float | None = None):
         status, payload = parent.recv()  # before join: a large result would block the child's send
     except EOFError:
         proc.join()
-        raise ChildError("ChildDied", f"the forked process exited with code {proc.exitcode} before answering", "")
+        raise ChildError("ChildDied", f"the forked process exited with code {proc.exitcode} before answering",
+                         "") from None
     proc.join()
     if status == "error":
         raise ChildError(*payload)

@@ -68,7 +68,7 @@ def check_timeline(rec: dict, schedule: str) -> None:
             "schedule": schedule, "pp": pp, "vpp": vpp, "num_microbatches": nmb, "rank": r, "stages": mine}
         assert doc["step"] == w["warmup_steps"] + w["steps"] - 1  # the last timed step
         ev = doc["events"]
-        keys = lambda a: sorted((e["stage"], e["mb"]) for e in ev if e["action"] == a)  # noqa: E731
+        keys = lambda a, ev=ev: sorted((e["stage"], e["mb"]) for e in ev if e["action"] == a)  # noqa: E731
         everything = sorted((s, mb) for s in mine for mb in range(nmb))
         assert keys("F") == everything and keys("B") == everything
         assert set(keys("W")) <= set(everything)

@@ -87,7 +87,7 @@ def _append_under_a_file_size_limit(path, limit, record):
     try:
         rec.append(path, record)
     except OSError as e:
-        raise SystemExit(3 if e.errno == errno.EFBIG else 4)
+        raise SystemExit(3 if e.errno == errno.EFBIG else 4) from None
     raise SystemExit(5)  # appended whole: the limit did not bite
 
 

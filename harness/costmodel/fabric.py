@@ -64,12 +64,12 @@ class Fabric:
                  "curves", "_cache")
 
     @classmethod
-    def of(cls, cfg, hops: comm.Hops = comm.Hops()) -> "Fabric | None":
+    def of(cls, cfg, hops: comm.Hops | None = None) -> "Fabric | None":
         """cfg: hardware.fabric; hops: NCCL's per-step latencies of the node profile (comm.Hops)."""
         if not cfg or not cfg.get("name"):
             return None
         self = cls()
-        self.hops = hops
+        self.hops = hops if hops is not None else comm.Hops()
         # the measured small-message latency's placement: (nodes, GPUs per node)
         self.latency_at = (int(cfg.get("latency_nodes", 2)), int(cfg.get("latency_gpus_per_node", 8)))
         self.name, self.transport = cfg["name"], cfg.get("transport", "")

@@ -32,13 +32,13 @@ def steps(n: int) -> list[dict]:
     for k in range(n - 1):
         sends = [(i, (i + 1) % n, (i - k) % n) for i in range(n)]
         incoming = {dst: state[src][c] for src, dst, c in sends}  # values sent are those before the step
-        for src, dst, c in sends:
+        for _src, dst, c in sends:
             state[dst][c] += incoming[dst]
         out.append({"phase": "reduce-scatter", "k": k, "sends": sends, "state": [row[:] for row in state]})
     for k in range(n - 1):
         sends = [(i, (i + 1) % n, (i + 1 - k) % n) for i in range(n)]
         incoming = {dst: state[src][c] for src, dst, c in sends}
-        for src, dst, c in sends:
+        for _src, dst, c in sends:
             state[dst][c] = incoming[dst]
         out.append({"phase": "all-gather", "k": k, "sends": sends, "state": [row[:] for row in state]})
     return out

@@ -132,7 +132,7 @@ def _groups(study) -> dict[str, list]:
             name = r.strategy + (f" batch {r.cfg('workload', 'global_batch_size')}" if many else "")
         groups.setdefault(name, []).append(r)
     # an unnamed series without a one-device run starts at the study's one-device run of the same model and batch
-    for name, runs in groups.items():
+    for runs in groups.values():
         if runs[0].series or any(r.world == 1 for r in runs):
             continue
         same = [b for b in ok if b.world == 1 and not b.series

@@ -100,7 +100,7 @@ def gemm_grid(dtype, grid, rounds: int, window_s: float, device) -> dict:
     for _ in range(rounds):
         for m, n, k in shapes:
             a, b = operand(lhs, m, k), operand(rhs, k, n)
-            calls, s = run_for(lambda: a @ b, window_s, device)
+            calls, s = run_for(lambda a=a, b=b: a @ b, window_s, device)
             rates[(m, n, k)].append(2 * m * n * k * calls / s)
     table = [[m, n, k, sig(statistics.median(rates[(m, n, k)]) / 1e12)] for m, n, k in shapes]
     return {"max_tflops": max(row[3] for row in table), "shapes": table}
@@ -176,8 +176,8 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
         prof["collectives"], link, overlap = nccl_figures(gpus, mode)
         prof["intra_node"] = {**dict(prof["intra_node"]), **link}
         compute["overlap_slowdown"] = sig(max(overlap["slowdown"], 0.0))
-        source["collectives"] = (f"NCCL via torchrun, one rank per GPU, nccl-tests busbw; α-β fit t = α + factor*S/B per "
-                                 f"collective and group size; sizes in bytes (harness/tools/calibrate_collectives.py)")
+        source["collectives"] = ("NCCL via torchrun, one rank per GPU, nccl-tests busbw; α-β fit t = α + factor*S/B per "
+                                 "collective and group size; sizes in bytes (harness/tools/calibrate_collectives.py)")
         source["intra_node"] = f"bus_bw_GBps and latency_us: all_reduce over the {gpus} GPUs (fit); hop latencies from hardware={base_hw['name']}"
         source["compute.overlap_slowdown"] = (
             f"measured: {overlap['gemm'][0]}^3 bf16 GEMMs back to back for ~0.2 s, timed alone and while all-gathers "

@@ -243,7 +243,7 @@ class DeepSpeedStrategy(Strategy):
 
         out = {"steps_covered": self.engine.global_steps}
         for op, sizes in ds_comm.comms_logger.comms_dict.items():
-            for size, (count, lats, algbws, busbws) in sorted(sizes.items()):
+            for size, (count, lats, _algbws, busbws) in sorted(sizes.items()):
                 out.setdefault(op, {})[f"{size}B"] = {
                     "count": count, "latency_ms_mean": sum(lats) / count,
                     "busbw_GBps_mean": sum(busbws) / count / 8}  # DeepSpeed reports Gbit/s

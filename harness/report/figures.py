@@ -4,7 +4,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from harness.report.charts import ACTION_COLOURS, AXIS_COLOURS, KIND_COLOURS, PART_COLOURS, STRATEGY_COLOURS, MiB
+from harness.config import MiB
+from harness.report.charts import ACTION_COLOURS, AXIS_COLOURS, KIND_COLOURS, PART_COLOURS, STRATEGY_COLOURS
 
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=360,
               font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12),

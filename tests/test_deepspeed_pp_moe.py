@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import assert_losses_match
 from tests.test_deepspeed import ADAM_STEP_BYTES, generated_config, refusal, run_deepspeed
-from tests.test_pp import check_bubble_follows_schedule, check_timeline
+from tests.test_pp import check_order_follows_schedule, check_timeline
 
 
 @pytest.mark.slow
@@ -23,11 +23,11 @@ def test_pipeline_pp2_matches_single(tmp_path, single_reference):
     # ZeRO-1 over dp=1: the master "partition" is the whole stage, a copy DeepSpeed keeps even so
     assert m["master_bytes_per_rank"] == m["grads_bytes_per_rank"] == params
     assert m["model_states_bytes_per_rank"] == p["model_states_bytes_per_rank"]
-    # its bubble, measured as torch's pipelines' is: every F and B of the rank's stage timed in its
-    # timeline, the bottleneck rank's idle fraction within the simulator's 1F1B figure
+    # its timeline, recorded as torch's pipelines' is: every F and B of the rank's stage, in the order of
+    # the simulator's 1F1B (the bubble against the simulator's is a benchmark: tests/test_pp.py says why)
     assert rec["config"]["strategy"]["schedule"] == "1f1b"
     check_timeline(rec, "1f1b")
-    check_bubble_follows_schedule(rec)
+    check_order_follows_schedule(rec)
 
 
 @pytest.mark.slow

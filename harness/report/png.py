@@ -12,7 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from harness.report.charts import ACTION_COLOURS, AXIS_COLOURS, PART_COLOURS, STRATEGY_COLOURS, MiB  # noqa: E402
+from harness.config import MiB  # noqa: E402
+from harness.report.charts import ACTION_COLOURS, AXIS_COLOURS, PART_COLOURS, STRATEGY_COLOURS  # noqa: E402
 
 DPI = 110
 

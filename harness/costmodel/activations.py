@@ -31,10 +31,12 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
     GQA: SDPA (enable_gqa) saves the unexpanded k, v: q, k, v = e*E*(1 + 2*kv/h)/t.
     SwiGLU: gate output (silu's input), silu output, up output, their product (down's input):
       4*e*F/t instead of GELU's 2; under autocast the gate and up matmuls cast the input once each.
-    RMSNorm (torch 2.13 on CPU is composite, in fp32 for a bf16/fp16 input): its fp32 copy of the
-      input 4*E, the normalised x*rstd 4*E (the weight's grad needs it) and rstd 4*b*s, against
-      LayerNorm's input and mean, rstd. Under FSDP's bf16 params (autocast=False) the residual
-      stream is bf16 but these stay fp32 (measured with saved_tensors_hooks on one llama block).
+    RMSNorm: input r*E, the normalised x*rstd r*E (the weight's grad needs it) and rstd 4*b*s,
+      against LayerNorm's input and mean, rstd. torch 2.13's CPU RMSNorm is composite and computes
+      in fp32 for a bf16 input: under FSDP's bf16 params it keeps 4*E + 4*E per norm, not 2*E + 2*E
+      (tests/test_memory_peak.py); a dry run, which runs that CPU code, counts those 4*E bytes more
+      per norm (8*E per layer) than this formula. Published GPU runs that fit (tests/test_published.py) do not
+      support charging them on GPUs, so the formula keeps r.
     RoPE: cos and sin (s, head_dim) in e bytes for q and for k: 4*s*hd*e per micro-batch, not per
       sequence; charged per sequence here (the planner scales every term with the micro-batch),
       which overcounts it by b for b > 1, at most 4*s*hd*e*(b-1) bytes per layer (tiny beside E).
@@ -99,8 +101,8 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     swiglu = mlp == "swiglu"
     if recompute == "selective_op":  # block input + q, v, fc1/gate, (down) outputs + the kernel's output, lse
         return r * E / rep + e * E * (2 + kv / h) / t + e * F / t + (e * E if swiglu else 0) + 4 * b * a * s / t
-    if norm == "rmsnorm":  # computed in fp32 whatever the input's dtype: its fp32 input copy, x*rstd, rstd
-        ln = 2 * (2 * 4 * E + 4 * b * s) / rep
+    if norm == "rmsnorm":
+        ln = 2 * (2 * r * E + 4 * b * s) / rep  # ln1, ln2: input, x*rstd, rstd
     else:
         ln = 2 * (r * E + 8 * b * s) / rep  # ln1, ln2 inputs + mean/rstd
     # inputs of the q/k/v and fc1 (gate, up) matmuls: one fp32 tensor each, or one 2-byte cast per matmul

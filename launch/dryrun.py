@@ -2,7 +2,7 @@
 
 For each selected rank (default: the first rank of every pipeline-rank group, harness/dims.py's placement;
 `launcher.ranks=[...]` to choose), a child forked from one fork server (launch/fork.py; never more
-children than selected ranks, one at a time) does what harness/worker/main.py does:
+children than selected ranks, as many at once as there are cores) does what harness/worker/main.py does:
 
     init_process_group("fake", FakeStore(), rank, world_size)   no socket, collectives are no-ops
     dims.build_mesh("cpu")                                      the real (pp, dp, tp) DeviceMesh
@@ -23,7 +23,9 @@ turns into the record's `measured`; no step time exists, so no time is reported.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -39,32 +41,51 @@ def selected_ranks(run, dims) -> list[int]:
 
 def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
     from harness.validate import num_microbatches
-    from launch.fork import ChildError, run_forked
+    from launch.fork import ChildError, Forked
 
     t0 = time.monotonic()
-    ranks, results = selected_ranks(run, dims), []
-    with open(log_path, "w") as log:
-        for i, rank in enumerate(ranks):
-            remaining = run.launcher.timeout_s - (time.monotonic() - t0)
-            try:
-                result = run_forked(simulate_rank, run, dims, rank, timeout_s=max(1.0, remaining))
-            except TimeoutError:
-                log.write(f"rank {rank}: timed out\n")
+    ranks, results = selected_ranks(run, dims), {}
+    pending, running = list(ranks), {}
+    # simulated ranks are independent: as many at once as this process may use cores (each child
+    # runs torch on one thread), so a 4-stage dry run takes one stage's time on 4 free cores
+    slots = max(1, len(os.sched_getaffinity(0)))
+    with open(log_path, "w") as log, _killing(running):
+        while pending or running:
+            while pending and len(running) < slots:
+                rank = pending.pop(0)
+                running[rank] = Forked(simulate_rank, run, dims, rank)
+            finished = [r for r, child in running.items() if child.done(0.2)]
+            if time.monotonic() - t0 > run.launcher.timeout_s and not finished:
+                log.write(f"ranks {sorted(running)}: timed out\n")
                 return LaunchResult(None, True, time.monotonic() - t0, log_path)
-            except ChildError as e:
-                log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
-                error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
-                         "oom": False, "traceback": e.child_traceback[-8000:]}
-                record.write_atomic(run_dir / record.error_file(rank), json.dumps(error, indent=1))
-                return LaunchResult(1, False, time.monotonic() - t0, log_path)
-            log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")
-            results.append(result)
+            for rank in finished:
+                try:
+                    result = running.pop(rank).result()
+                except ChildError as e:
+                    log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
+                    error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
+                             "oom": False, "traceback": e.child_traceback[-8000:]}
+                    record.write_atomic(run_dir / record.error_file(rank), json.dumps(error, indent=1))
+                    return LaunchResult(1, False, time.monotonic() - t0, log_path)
+                log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")
+                results[rank] = result
+                record.write_atomic(run_dir / record.PROGRESS, f"{len(results)} {len(ranks)}")
             if on_poll:
                 on_poll()
-            record.write_atomic(run_dir / record.PROGRESS, f"{i + 1} {len(ranks)}")
-    measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims), "ranks": results}
+    measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims),
+                   "ranks": [results[r] for r in ranks]}
     record.write_atomic(run_dir / record.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)
+
+
+@contextlib.contextmanager
+def _killing(running: dict):
+    """Take the children still running down with the launcher (timeout, error, Ctrl-C)."""
+    try:
+        yield
+    finally:
+        for child in running.values():
+            child.kill()
 
 
 def simulate_rank(run, dims, rank: int) -> dict:
@@ -142,14 +163,41 @@ def _peak_bytes_mode():
         """Live bytes of the storages created since entry (each counted once, until it is freed) and
         their peak. torch.distributed._tools' MemTracker/FSDPMemTracker do this with per-module
         attribution but refuse a module that runs twice in one step ("multiple iterative calls"), i.e.
-        any gradient accumulation or pipeline schedule (torch 2.13), hence this plain counter."""
+        any gradient accumulation or pipeline schedule (torch 2.13), hence this plain counter.
+        FSDP2 frees a gathered parameter by resizing its storage to 0 bytes and gathers into it again
+        by resizing it back (UntypedStorage.resize_, which no dispatch mode sees): the counter follows
+        those resizes too, else every unit's gathered parameters would count as held to the step's end."""
 
         def __init__(self):
             super().__init__()
             self.live, self.current, self.peak = WeakIdKeyDictionary(), 0, 0
 
-        def _free(self, nbytes):
-            self.current -= nbytes
+        def _free(self, size):
+            self.current -= size[0]
+
+        def _resized(self, st, nbytes: int) -> None:
+            size = self.live.get(st)
+            if size is None:  # created before entry: counted from its first resize on
+                self.live[st] = size = [0]
+                weakref.finalize(st, self._free, size)
+            self.current += nbytes - size[0]
+            size[0] = nbytes
+            self.peak = max(self.peak, self.current)
+
+        def __enter__(self):
+            resize, mode = torch.UntypedStorage.resize_, self
+
+            def tracked_resize(st, nbytes):
+                out = resize(st, nbytes)
+                mode._resized(st, st.nbytes())
+                return out
+
+            self._resize, torch.UntypedStorage.resize_ = resize, tracked_resize
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            torch.UntypedStorage.resize_ = self._resize
+            return super().__exit__(*exc)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
@@ -159,9 +207,9 @@ def _peak_bytes_mode():
                 st = measure.local_tensor(t).untyped_storage()
                 if st in self.live:
                     continue
-                self.live[st] = n = st.nbytes()
-                self.current += n
-                weakref.finalize(st, self._free, n)
+                self.live[st] = size = [st.nbytes()]
+                self.current += size[0]
+                weakref.finalize(st, self._free, size)
                 self.peak = max(self.peak, self.current)
             return out
 

@@ -42,26 +42,43 @@ def _context():
     return ctx
 
 
+class Forked:
+    """fn(*args) started in a child forked from the fork server; `done()` polls, `result()` collects
+    (its return value, or ChildError with the child's traceback). Several may run at once."""
+
+    def __init__(self, fn, *args):
+        ctx = _context()
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, args=(child, fn, args))
+        self._proc.start()
+        child.close()
+
+    def done(self, timeout_s: float | None = 0.0) -> bool:
+        return self._conn.poll(timeout_s)
+
+    def kill(self) -> None:
+        self._proc.kill()
+        self._proc.join()
+
+    def result(self):
+        try:
+            status, payload = self._conn.recv()  # before join: a large result would block the child's send
+        except EOFError:
+            self._proc.join()
+            raise ChildError("ChildDied", f"the forked process exited with code {self._proc.exitcode} before answering",
+                             "") from None
+        self._proc.join()
+        if status == "error":
+            raise ChildError(*payload)
+        return payload
+
+
 def run_forked(fn, *args, timeout_s: float | None = None):
     """fn(*args) (fn importable by name) in a child forked from the fork server; its result, or
     ChildError with the child's traceback. Return plain data (numbers, lists, numpy arrays): torch
     pickles tensors as shared-memory handles that die with the child."""
-    ctx = _context()
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, fn, args))
-    proc.start()
-    child.close()
-    try:
-        if not parent.poll(timeout_s):
-            proc.kill()
-            proc.join()
-            raise TimeoutError(f"the child did not answer within {timeout_s:.0f} s")
-        status, payload = parent.recv()  # before join: a large result would block the child's send
-    except EOFError:
-        proc.join()
-        raise ChildError("ChildDied", f"the forked process exited with code {proc.exitcode} before answering",
-                         "") from None
-    proc.join()
-    if status == "error":
-        raise ChildError(*payload)
-    return payload
+    child = Forked(fn, *args)
+    if not child.done(timeout_s):
+        child.kill()
+        raise TimeoutError(f"the child did not answer within {timeout_s:.0f} s")
+    return child.result()

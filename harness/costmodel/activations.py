@@ -31,8 +31,12 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
     GQA: SDPA (enable_gqa) saves the unexpanded k, v: q, k, v = e*E*(1 + 2*kv/h)/t.
     SwiGLU: gate output (silu's input), silu output, up output, their product (down's input):
       4*e*F/t instead of GELU's 2; under autocast the gate and up matmuls cast the input once each.
-    RMSNorm (torch 2.13 on CPU is composite): input r*E, the normalised x*rstd r*E (the weight's
-      grad needs it) and rstd 4*b*s, against LayerNorm's input and mean, rstd.
+    RMSNorm: input r*E, the normalised x*rstd r*E (the weight's grad needs it) and rstd 4*b*s,
+      against LayerNorm's input and mean, rstd. torch 2.13's CPU RMSNorm is composite and computes
+      in fp32 for a bf16 input: under FSDP's bf16 params it keeps 4*E + 4*E per norm, not 2*E + 2*E
+      (tests/test_memory_peak.py); a dry run, which runs that CPU code, counts those 4*E bytes more
+      per norm (8*E per layer) than this formula. Published GPU runs that fit (tests/test_published.py) do not
+      support charging them on GPUs, so the formula keeps r.
     RoPE: cos and sin (s, head_dim) in e bytes for q and for k: 4*s*hd*e per micro-batch, not per
       sequence; charged per sequence here (the planner scales every term with the micro-batch),
       which overcounts it by b for b > 1, at most 4*s*hd*e*(b-1) bytes per layer (tiny beside E).

@@ -117,8 +117,9 @@ class Mesh3D(PipelineStrategy):
 
     def make_optimizer(self, params, foreach=None):
         if self.run.strategy.dp_shard == "zero1" and (self.data_parallel > 1 or self.param_dtype() is not None):
-            return DistributedOptimizer(params, self.data_group(), lambda ps: super(Mesh3D, self).make_optimizer(ps, foreach),
-                                        self.param_dtype())
+            with self.allocation():  # its flat fp32 master and grad buffers are local shards too (fake in a dry run)
+                return DistributedOptimizer(params, self.data_group(),
+                                            lambda ps: super(Mesh3D, self).make_optimizer(ps, foreach), self.param_dtype())
         return super().make_optimizer(params, foreach)
 
     def train_step(self, microbatches):

@@ -42,6 +42,7 @@ from torch.distributed.pipelining import (
 )
 
 from harness import catalog
+from harness.strategies import pp_fake
 from harness.strategies.base import Strategy
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 from harness.validate import num_microbatches
@@ -77,20 +78,30 @@ class PipelineStrategy(Strategy):
         splits = stage_splits(self.run.model.n_layers, d.num_stages, tuple(s.stage_layers))
         self.stage_ids = list(catalog.stages_of_rank(s.schedule, pp_rank, d.pp, d.vpp))
         modules = [self.parallelize_stage(stage_module(model, splits[i])) for i in self.stage_ids]
-        del model  # each stage module is a pruned copy; the worker's full model is not used again
-        pp_group = self.mesh["pp"].get_group()
-        stages = [self.stage_class(m, i, d.num_stages, self.device, group=pp_group)
-                  for m, i in zip(modules, self.stage_ids)]
         self.timeline = Timeline(self.device, forward_context=self.autocast)
-        for st in stages:
-            self.timeline.instrument(st)
         self.has_first = 0 in self.stage_ids
         self.has_last = d.num_stages - 1 in self.stage_ids
+        self.model = torch.nn.ModuleList(modules)  # every parameter this rank holds, for the optimizer
+        self.optimizer = self.make_optimizer(self.model.parameters(), foreach=self.foreach())
+        self.schedule = None
+        if pp_fake.over_fake_group(self.mesh["pp"].get_group()):  # a dry run: stages built on the first step
+            self.embedding = None if self.has_first else pp_fake.embedding_piece(self, model)
+        else:
+            self.build_schedule({})
+        del model  # each stage module is a pruned copy; the worker's full model is not used again
+
+    def build_schedule(self, metadata: dict) -> None:
+        """The PipelineStages of this rank's modules and the schedule over them; `metadata`: stage
+        index -> the stage's static boundary metadata (a dry run, harness/strategies/pp_fake.py)."""
+        s, d, pp_group = self.run.strategy, self.dims, self.mesh["pp"].get_group()
+        stage_class = pp_fake.local_vote_stage(self.stage_class) if metadata else self.stage_class
+        stages = [stage_class(m, i, d.num_stages, self.device, group=pp_group, **metadata.get(i, {}))
+                  for m, i in zip(self.model, self.stage_ids)]
+        for st in stages:
+            self.timeline.instrument(st)
         cls = SCHEDULES[s.schedule]
         self.schedule = cls(stages[0] if catalog.schedule(s.schedule).placement == "one" else stages, self.num_microbatches,
                             loss_fn=self._microbatch_loss, scale_grads=False)
-        self.model = torch.nn.ModuleList(modules)  # every parameter this rank holds, for the optimizer
-        self.optimizer = self.make_optimizer(self.model.parameters(), foreach=self.foreach())
 
     def foreach(self) -> bool | None:
         return None
@@ -103,6 +114,10 @@ class PipelineStrategy(Strategy):
 
     # -- one optimizer step -----------------------------------------------------------------
     def train_step(self, microbatches):
+        if self.schedule is None:  # a dry run's first step: boundary metadata from one micro-batch
+            self.build_schedule(pp_fake.boundary_metadata(self, dict(zip(self.stage_ids, self.model)),
+                                                          self.embedding, microbatches[0][0]))
+            self.embedding = None
         self.timeline.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         # The schedule splits the rank's batch into m micro-batches along dim 0 again (same chunks).

@@ -32,8 +32,9 @@ class Zero1(DDPStrategy):
         if self.run.strategy.zero1_impl != "distributed":
             return super().setup(model)
         self.model = self.materialize(model)  # built on meta: allocate and initialise as single does
-        self.optimizer = DistributedOptimizer(self.model.parameters(), self.mesh["dp"].get_group(),
-                                              lambda ps: Strategy.make_optimizer(self, ps), self.param_dtype())
+        with self.allocation():  # its flat fp32 master and grad buffers are local shards too (fake in a dry run)
+            self.optimizer = DistributedOptimizer(self.model.parameters(), self.mesh["dp"].get_group(),
+                                                  lambda ps: Strategy.make_optimizer(self, ps), self.param_dtype())
 
     def autocast(self):
         if self.param_dtype() is not None:  # the params are bf16 themselves (strategy.low_precision_params)

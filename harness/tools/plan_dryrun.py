@@ -24,12 +24,19 @@ def dryrun_top(cands, k: int, overrides: list[str], by: str = "degrees") -> int:
     for c in plan_check.distinct_layouts(cands, k, by):
         rec = run_job(OmegaConf.structured(compose_run([*keep, *c.overrides(), "launcher=dryrun"])))
         m, p = rec.get("measured") or {}, rec.get("predicted") or {}
-        rows.append((" ".join(c.overrides()), rec["status"], p.get("model_states_bytes"), m.get("model_states_bytes"),
+        device = rec["config"]["hardware"]["memory_GiB"] * GiB
+        verdict = rec["status"]
+        if m.get("peak_mem_bytes") is not None and m["peak_mem_bytes"] > device:
+            verdict = f"dropped: the dry run's peak {_gib(m['peak_mem_bytes'])} > the device's {_gib(device)} GiB"
+        rows.append((" ".join(c.overrides()), verdict, p.get("model_states_bytes"), m.get("model_states_bytes"),
                      p.get("peak_mem_bytes"), m.get("peak_mem_bytes")))
         rc |= rec["status"] != "ok"
     print("layout | status | states predicted | states dry run | peak predicted | peak dry run (GiB per rank, max)")
     for layout, status, ps, ms, pp, mp in rows:
         print(f"{layout} | {status} | {_gib(ps)} | {_gib(ms)} | {_gib(pp)} | {_gib(mp)}")
+    if any(status.startswith("dropped") for _, status, *_ in rows):
+        print("note: a dropped layout's dry run (fake tensors, the real step) needs more than the device holds; "
+              "the planner's prediction of it is low (docs/memory.md)")
     return rc
 
 

@@ -50,16 +50,29 @@ command reports success.
 from __future__ import annotations
 
 import argparse
+import platform
+import re
+import socket
+import statistics
 import sys
 import time
 from pathlib import Path
 
-from harness.config import CONF_DIR
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness.config import CONF_DIR, as_dict, compose_run, register_configs, to_run_config
+from harness.costmodel import predict
 from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp, calibrate_gpu
 from harness.tools.calibrate_collectives import COLLECTIVES, IN_STEP
 from harness.tools.calibrate_collectives_fit import run_collectives, tables
 from harness.tools.calibrate_compute import cpu_clock
 from harness.tools.calibrate_compute import measure as measure_compute
+from harness.validate import validate
+
+# Imports inside functions: torch and what imports it, which the parent process never loads; Hydra (only the
+# parent composes configs).
 
 HW_DIR = CONF_DIR / "hardware"
 LOCAL = "local"  # conf/hardware/local/: this machine's calibrated profiles, ignored by git (.gitignore)
@@ -94,8 +107,6 @@ def triad_GBps(mib: int, reps: int) -> float:
     over `reps` in this thread's CPU time (STREAM reports the best time; the median is the sustained figure a training step's
     element-wise work meets, as for the GEMM sweep, harness/tools/calibrate_compute.py). The bandwidth
     memory-bound work (element-wise ops, AdamW) gets on one device."""
-    import statistics
-
     import torch
 
     torch.set_num_threads(1)
@@ -112,11 +123,6 @@ def triad_GBps(mib: int, reps: int) -> float:
 
 def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
     """Measure and return the new profile (a plain dict in the HardwareConfig schema)."""
-    import platform
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     console = console or Console(stderr=True)
     per_run = len(COLLECTIVES) * len(mode["sizes"])
     steps = 6 + per_run * len(mode["ranks"])
@@ -197,8 +203,6 @@ def calibrate(base_hw: dict, name: str, mode: dict, console=None) -> dict:
 
 
 def write_profile(profile: dict, path: Path, command: str) -> None:
-    import yaml
-
     header = (f"# Measured by `{command}` (harness/calibrate.py); regenerate rather than edit.\n"
               f"# collectives.<name>.\"<ranks>\": α-β fit (bus_bw_GBps, latency_us) and the measured busbw per size;\n"
               f"# \"2@<ranks>\": the same over pairs of ranks, all <ranks> ranks timing their pairs at once.\n")
@@ -217,19 +221,12 @@ def hardware_option(path: Path) -> str:
 
 def default_name(base: str) -> str:
     """`<base>_<host>`: a profile per machine, so calibrating never rewrites a tracked file."""
-    import re
-    import socket
-
     return f"{base}_{re.sub(r'[^A-Za-z0-9_-]', '_', socket.gethostname().split('.')[0])}"
 
 
 def check_profile(path: Path) -> dict:
     """Compose `hardware=<name>` from the profile's folder and predict a `single` run on it."""
     from hydra import compose, initialize_config_dir
-
-    from harness.config import register_configs, to_run_config
-    from harness.costmodel import predict
-    from harness.validate import validate
 
     register_configs()
     conf = CONF_DIR
@@ -258,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
                                                   "git, selected as hardware=local/<name>); elsewhere its folder "
                                                   "must be named hardware to compose")
     args = p.parse_intermixed_args(argv)
-    from harness.config import as_dict, compose_run
 
     base = as_dict(compose_run(args.overrides))["hardware"]
     gpu = base["device"] != "cpu"

@@ -6,15 +6,20 @@ model and `python -m harness.predict` all read it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE
 from harness.dims import ConfigError
+
+# Imports inside functions: Hydra (only the parent composes configs).
 
 GiB, MiB = 1024**3, 1024**2  # one name per unit, wherever bytes are shown or compared
 ADHOC_STUDY = "adhoc"  # the study of a run started without one: records go to <results_dir>/adhoc.jsonl
@@ -243,7 +248,6 @@ def register_configs() -> None:
     # inside a group: it would be offered as an option there (`strategy=strategy_schema`) in --help and
     # tab completion, and fail when chosen.
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
-    from omegaconf import OmegaConf
 
     # conf/config.yaml's Hydra dirs: one per invocation (start time and pid), so two invocations of
     # one study never share hydra/<study>/<job number>
@@ -251,9 +255,6 @@ def register_configs() -> None:
 
 
 def _invocation() -> str:
-    import os
-    import time
-
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
@@ -269,8 +270,6 @@ def compose_run(overrides: list[str]) -> "RunConfig":
 
 def to_run_config(cfg: Any) -> RunConfig:
     """DictConfig (from Hydra or a frozen YAML) -> RunConfig dataclass, validated by OmegaConf types."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig:
         return OmegaConf.to_object(cfg)  # Hydra's composition: already merged into (and checked by) the schema
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
@@ -279,8 +278,6 @@ def to_run_config(cfg: Any) -> RunConfig:
 
 def as_dict(run: RunConfig) -> dict:
     """The plain nested dict of a RunConfig (its values are resolved: to_run_config made it)."""
-    import dataclasses
-
     return dataclasses.asdict(run)
 
 

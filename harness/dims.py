@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Imports inside functions: torch and what imports it, which the parent process never loads.
+
 
 @dataclass(frozen=True)
 class Axis:

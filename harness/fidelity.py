@@ -11,10 +11,22 @@ place of the recorded one: a cost-model change, or a machine's new calibration, 
 measurements already on disk without running anything again."""
 from __future__ import annotations
 
+import argparse
+import copy
+import dataclasses
 import sys
 
+from omegaconf import OmegaConf
+
 from harness.collect.aggregate import ratios, within_goal
+from harness.collect.aggregate import ratios as fidelity_ratios
+from harness.collect.compute_classes import CLASSES
+from harness.config import compose_run, to_run_config
+from harness.costmodel import predict
+from harness.dims import ParallelDims
 from harness.labels import labels
+from harness.run.record import latest_by_run_id, read
+from harness.tools.plan_check import spearman
 
 # -- the table ----------------------------------------------------------------------------------
 COLUMNS = (("step_time_s", "step"), ("tokens_per_s", "tok/s"), ("model_states_bytes", "states"),
@@ -34,8 +46,6 @@ def fastest_by_run_id(records: list[dict]) -> dict[str, dict]:
 
 def shown(records: list[dict], best: bool = False) -> list[dict]:
     """The ok records the tables show: each config's latest, or with best its fastest."""
-    from harness.run.record import latest_by_run_id
-
     chosen = fastest_by_run_id(records) if best else latest_by_run_id(records)
     return [r for r in chosen.values() if r["status"] == "ok"]
 
@@ -74,8 +84,6 @@ def compute_table(records: list[dict], best: bool = False) -> str:
     """Markdown table of the profiled step's compute by kind of work (harness/collect/compute_classes.py):
     per class measured / predicted seconds and each side's share of its compute; "" where no record was
     profiled. On a CPU the profiler slows small operators most, so the shares are the fairer figure."""
-    from harness.collect.compute_classes import CLASSES
-
     rows = [r for r in shown(records, best) if "compute_gemm_time_s" in (r.get("measured") or {})]
     if not rows:
         return ""
@@ -99,15 +107,6 @@ def predict_again(records: list[dict], hardware: str | None = None) -> tuple[lis
     """(the ok records with `predicted` and `fidelity` made again by this checkout's cost model, why the
     others could not be): each from the record's own config and degrees, on `hardware` (a conf/hardware
     profile name) instead of the recorded profile if given."""
-    import copy
-    import dataclasses
-
-    from omegaconf import OmegaConf
-
-    from harness.collect.aggregate import ratios as fidelity_ratios
-    from harness.config import compose_run, to_run_config
-    from harness.costmodel import predict
-    from harness.dims import ParallelDims
 
     profile = dataclasses.asdict(compose_run([f"hardware={hardware}"]).hardware) if hardware else None
     out, errors = [], []
@@ -129,8 +128,6 @@ def predict_again(records: list[dict], hardware: str | None = None) -> tuple[lis
 
 def rank_line(records: list[dict], best: bool = False) -> str:
     """Spearman's rho of predicted against measured tokens/s over the configs the table shows ("" below 3)."""
-    from harness.tools.plan_check import spearman
-
     rows = [r for r in shown(records, best) if r["predicted"].get("tokens_per_s") and r["measured"].get("tokens_per_s")]
     if len(rows) < 3:
         return ""
@@ -139,9 +136,6 @@ def rank_line(records: list[dict], best: bool = False) -> str:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    from harness.run.record import read
 
     p = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="+", help="results/<study>.jsonl files")

@@ -30,13 +30,28 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
 
 from harness import catalog
+from harness.config import CONF_DIR, StrategyConfig, compose_run
+from harness.costmodel.estimate import finish
+from harness.costmodel.flops import model_flops_per_step
+from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
+from harness.costmodel.layout import layout, node_crossing_axes
+from harness.costmodel.memory_peak import memory_peak
 from harness.dims import DEGREES
+from harness.run.record import read, records_path
+from harness.tools import plan_check
+from harness.tools.plan_dryrun import dryrun_top
 from harness.tools.plan_reasons import network, why
 from harness.tools.plan_space import (
     divisors,
@@ -45,6 +60,7 @@ from harness.tools.plan_space import (
     with_low_precision_params,
     with_sequence_parallel,
 )
+from harness.validate import available_strategies
 
 # (schedule, the vpp values tried) for pp > 1, from the catalog; one stage per rank when pp = 1
 SCHEDULES_VPP = tuple((name, row.plan_vpps) for name, row in catalog.SCHEDULES.items() if row.plan_vpps)
@@ -56,9 +72,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 @functools.lru_cache(maxsize=None)
 def strategy_defaults(name: str) -> dict:
     """The scalar knobs conf/strategy/<name>.yaml sets (zero_stage, reshard_after_forward, ...)."""
-    from omegaconf import OmegaConf
-
-    from harness.config import CONF_DIR, StrategyConfig
 
     fields = set(StrategyConfig.__dataclass_fields__) - {"name", "engine", "ds", "schedule"}
     values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "strategy" / f"{name}.yaml"))
@@ -91,12 +104,6 @@ class Candidate:
 
 def search(run, gpus: int) -> tuple[list[Candidate], dict]:
     """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
-    from harness.costmodel.estimate import finish
-    from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
-    from harness.costmodel.layout import layout, node_crossing_axes
-    from harness.costmodel.memory_peak import memory_peak
-    from harness.validate import available_strategies
-
     m_cfg, hw_cfg, w = run.model, run.hardware, run.workload
     md, hw = Model.of(m_cfg), Hardware.of(hw_cfg)
     gbs, precision = w.global_batch_size, w.precision
@@ -171,9 +178,6 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
 
 
 def table(cands: list[Candidate], k: int, run, counts: dict):
-    from rich.table import Table
-
-    from harness.costmodel.flops import model_flops_per_step
 
     hw = run.hardware
     gib = hw.memory_GiB
@@ -214,13 +218,6 @@ def hints(run, gpus: int) -> list[str]:
 def run_top(cands: list[Candidate], k: int, overrides: list[str], by: str = "degrees") -> int:
     """Run the best k distinct layouts as one brigade sweep (hydra.sweeper.runs), then print predicted
     vs measured rank and Spearman's rho (harness/tools/plan_check.py)."""
-    import os
-    from pathlib import Path
-
-    from harness.config import compose_run
-    from harness.run.record import read, records_path
-    from harness.tools import plan_check
-
     def quoted(o: str) -> str:
         return "'" + o.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -242,9 +239,6 @@ def run_top(cands: list[Candidate], k: int, overrides: list[str], by: str = "deg
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-
-    from harness.config import compose_run
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m harness.plan", description=__doc__.split("\n\n")[0])
@@ -272,8 +266,6 @@ def main(argv: list[str] | None = None) -> int:
     if top and cands:
         rc = run_top(cands, top, args.overrides, run.plan.run_top_by)
     if args.dryrun_top and cands:
-        from harness.tools.plan_dryrun import dryrun_top
-
         rc |= dryrun_top(cands, args.dryrun_top, args.overrides, run.plan.run_top_by)
     n, s = counts["evaluated"], counts["seconds"]
     print(f"evaluated {n} configs in {s:.3f} s ({n / s if s else 0:.0f} configs/s)")

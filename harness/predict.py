@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import sys
 
+from harness.catalog import fp32_on_gpu_note
+from harness.config import as_dict, compose_run
+from harness.costmodel import predict
+from harness.dims import COMM_AXES, ConfigError
+from harness.labels import base_label, nbytes
+from harness.validate import validate
+
 
 def predict_overrides(overrides: list[str]) -> dict:
-    from harness.config import as_dict, compose_run
-    from harness.costmodel import predict
-    from harness.dims import ConfigError
-    from harness.validate import validate
-
     run = compose_run(overrides)
     config = as_dict(run)
     not_run = {}
@@ -42,10 +44,6 @@ def summary(out: dict) -> str:
     """The figures a reader looks at first, one per line (the rest: --json)."""
     if out["status"] != "ok":
         return f"invalid: {out['error']}"
-    from harness.catalog import fp32_on_gpu_note
-    from harness.dims import COMM_AXES
-    from harness.labels import base_label, nbytes
-
     c = out["config"]
     lines = [f"{base_label({'config': c, 'dims': out['dims']})}: {c['model']['name']} on "
              f"{out['dims']['world_size']} x {c['hardware']['name']}, global batch {c['workload']['global_batch_size']}, "

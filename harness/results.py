@@ -19,6 +19,8 @@ from harness.labels import labels
 from harness.run import record as rec
 from harness.run.record import flatten
 
+# Imports inside functions: pandas (only for harness.results).
+
 
 def load(path: str | Path, latest: bool = True):
     """Read <results_dir>/<study>.jsonl (or several, a directory of them) into one flat DataFrame."""

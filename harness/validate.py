@@ -5,9 +5,13 @@ no branch here unless it brings a new constraint.
 """
 from __future__ import annotations
 
+from importlib.metadata import version
+
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig, check_domains
 from harness.dims import MESH_AXES, ConfigError, ParallelDims
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
 
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
 MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),
@@ -21,8 +25,6 @@ def available_strategies() -> list[str]:
 
 def torch_version() -> tuple[int, int]:
     """(major, minor) of the torch the launcher will run, read from its metadata (importing torch takes seconds)."""
-    from importlib.metadata import version
-
     major, minor = version("torch").split(".")[:2]
     return int(major), int(minor)
 

@@ -21,6 +21,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
+from harness import catalog
+from harness.config import compose_run
+from harness.costmodel import predict
+from harness.validate import validate
 from lab.published_memory import error_summary, memory_fields, memory_groups, print_memory
 
 DATA = Path(__file__).resolve().parent / "published_runs.yaml"
@@ -29,8 +35,6 @@ LLAMA_KEYS = ("n_kv_heads", "norm", "mlp", "position", "rope_theta", "tie_embedd
 
 def load(path: Path = DATA) -> tuple[dict, list[dict]]:
     """(models, rows): each row a dict of its source's defaults, its columns and source facts."""
-    import yaml
-
     doc = yaml.safe_load(path.read_text())
     rows = []
     for key, src in doc["sources"].items():
@@ -76,8 +80,6 @@ MEGATRON_OVERLAPS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_ga
 
 def strategy_overrides(row: dict) -> list[str]:
     """The brigade strategy that runs this row's layout (harness/catalog.py, as the planner picks it)."""
-    from harness import catalog
-
     tp, pp = row["tp"], row["pp"]
     name, knobs = catalog.strategy_for(row["gpus"] // (tp * pp), tp, pp, 1, row.get("zero", 0))
     out = [f"strategy={name}", *(f"strategy.{k}={str(v).lower()}" for k, v in knobs.items())]
@@ -130,9 +132,6 @@ def overrides(row: dict, model: dict) -> list[str]:
 
 def predict_row(row: dict, model: dict, compose) -> dict:
     """Published and predicted figures for one row (compose: overrides -> RunConfig)."""
-    from harness.costmodel import predict
-    from harness.validate import validate
-
     run = compose(overrides(row, model))
     pred = predict(run, validate(run, torch_runs=False))  # Megatron's DDP x TP: predicted, not launched
     published = published_tokens_per_s_per_gpu(row, model)
@@ -164,8 +163,6 @@ def layout_label(row: dict) -> str:
 
 def caching_compose():
     """compose_run per distinct (hardware, strategy) once; the rest of a row is replaced in place."""
-    from harness.config import compose_run
-
     cache: dict = {}
 
     def compose(ovr: list[str]):

@@ -26,11 +26,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import time
+import weakref
 from pathlib import Path
 
+from harness import strategies
 from harness.run import record
+from harness.validate import num_microbatches
+from launch.fork import ChildError, Forked
 from launch.local import LaunchResult
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
 
 
 def selected_ranks(run, dims) -> list[int]:
@@ -40,9 +47,6 @@ def selected_ranks(run, dims) -> list[int]:
 
 
 def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
-    from harness.validate import num_microbatches
-    from launch.fork import ChildError, Forked
-
     t0 = time.monotonic()
     ranks, results = selected_ranks(run, dims), {}
     pending, running = list(ranks), {}
@@ -90,15 +94,11 @@ def _killing(running: dict):
 
 def simulate_rank(run, dims, rank: int) -> dict:
     """In the forked child: rank `rank` of the config on the fake backend (see the module docstring)."""
-    import socket
-
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from harness import strategies
-    from harness.validate import num_microbatches
     from harness.worker import measure
     from harness.worker.loop import local_microbatches
     from models.gpt import build_model
@@ -150,8 +150,6 @@ def _one_step(strategy, mbs) -> dict:
 
 
 def _peak_bytes_mode():
-    import weakref
-
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config import GiB
+from harness.dims import ConfigError
 from harness.run import ending
 
 RUN_TOKEN_VAR = "BRIGADE_RUN_TOKEN"
@@ -195,8 +196,6 @@ HOST_MEMORY_SHARE = 0.9  # of MemAvailable: the parent, the page cache and other
 def preflight(run, dims, predicted: dict) -> None:
     """Refuse, before launch, what this machine cannot run: CUDA ranks without CUDA devices, and on
     CPU, where every rank shares the host's memory, a sum of per-rank predictions over the host's."""
-    from harness.dims import ConfigError
-
     nproc = dims.world_size // max(1, run.launcher.nodes)
     if run.hardware.device == "cuda":
         have, where = visible_gpus()

@@ -26,6 +26,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from harness.config import as_dict
+from harness.run.record import run_id
 from launch.local import LaunchResult, run_workers, torchrun_argv, worker_env
 
 # -- inside the SLURM job (every node) ------------------------------------------------------------
@@ -152,9 +154,6 @@ def _minutes_left() -> float | None:
 
 def job_resources(run, dims) -> dict[str, Any]:
     """sbatch resources of one config, in the submitit launcher's parameter names."""
-    from harness.config import as_dict
-    from harness.run.record import run_id
-
     nodes = run.launcher.nodes
     nproc = dims.world_size // nodes
     gpus = run.launcher.gpus_per_node or (nproc if run.hardware.device == "cuda" else 0)

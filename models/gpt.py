@@ -34,6 +34,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from models.layers import apply_rope, make_mlp, make_norm
 from models.moe import MoE
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 _aten = torch.ops.aten
 # the fused attention kernels SDPA dispatches to (CUDA flash / memory-efficient / cuDNN, CPU flash)
 SAVED_ATTENTION = tuple(getattr(_aten, name).default for name in (

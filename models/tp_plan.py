@@ -46,6 +46,8 @@ from __future__ import annotations
 import math
 import re
 
+# Imports inside functions: torch and what imports it, which the parent process never loads.
+
 # (module pattern, role); "*" is one block index. Roles:
 #   colwise          nn.Linear weight (out, in) sharded on dim 0 (output features); input replicated
 #   rowwise          nn.Linear weight sharded on dim 1 (input features); output all-reduced

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import shutil
+import socket
 import statistics
 import subprocess
 from pathlib import Path
@@ -16,6 +18,9 @@ from pathlib import Path
 from harness import catalog
 from harness.collect import trace_analysis
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
+
+# Imports inside functions: torch and what imports it, which the parent process never loads;
+# harness.collect.dryrun, which only a dry run needs.
 
 # master_bytes: a separate fp32 master copy (DeepSpeed's ZeRO optimizers hold one even in fp32); 0 elsewhere
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes", "peak_mem_bytes",
@@ -129,8 +134,6 @@ def _medians(groups: list[list[float]], rng, resamples: int) -> list[float]:
 def median_ci(groups: list[list[float]], resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
     """(median, lo, hi): the median of every sample pooled and its bootstrap 95 % interval.
     groups: one list of step times per repeat (one group: a run's own interval, over its steps)."""
-    import random
-
     groups = [list(g) for g in groups if g]
     if not groups:
         raise ValueError("median_ci needs at least one sample")
@@ -143,8 +146,6 @@ def ratio_ci(a: list[list[float]], b: list[list[float]],
              resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float, float]:
     """(ratio, lo, hi): median(b) / median(a) and its bootstrap 95 % interval, a and b resampled
     independently (two studies are two independent sets of repeats)."""
-    import random
-
     rng = random.Random(_SEED)
     da, db = _medians(a, rng, resamples), _medians(b, rng, resamples)
     ratios = [y / x for x, y in zip(da, db)]
@@ -411,8 +412,6 @@ def slurm() -> tuple[dict, dict]:
 def host_fingerprint() -> dict:
     """What the parent reads without torch, so that a record no rank wrote (invalid, failed at launch)
     still names its machine; the ranks' fingerprint replaces it when they ran."""
-    import socket
-
     got: dict = {"cuda": None, "nccl": None, "gpus": None}
     why = {k: "read by the ranks, and no rank reported" for k in got}
     got["driver"], reason = driver_version()

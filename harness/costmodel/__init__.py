@@ -27,6 +27,10 @@ Per rank means the maximum over ranks; `*_per_rank` lists give every rank, in ha
 order, where ranks differ.
 """
 from harness.costmodel.flops import model_flops_per_step  # noqa: F401
+from harness.validate import num_microbatches
+
+# Imports inside functions: harness.costmodel, harness.costmodel.estimate, harness.costmodel.inputs, which
+# would make an import cycle at the top.
 
 
 def predict(run, dims) -> dict:
@@ -34,7 +38,6 @@ def predict(run, dims) -> dict:
     from harness.costmodel import layouts4d
     from harness.costmodel.estimate import evaluate
     from harness.costmodel.inputs import Hardware, Model, Strategy
-    from harness.validate import num_microbatches
 
     w = run.workload
     m = num_microbatches(run, dims)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from harness.costmodel import activations as act
 from harness.costmodel import pipeline as pipe
+from harness.costmodel.flops import hardware_flops_per_step, mfu_peak_tflops, model_flops_per_step
 from harness.costmodel.layout import Layout
 
 MODEL_STATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
@@ -20,8 +21,6 @@ def details(out: dict, lo, mb: int, m: int, ckpt: str) -> dict:
 
 def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     """The figures only `predict` reports: FLOPs, rates, MFU, Amdahl, memory verdict."""
-    from harness.costmodel.flops import hardware_flops_per_step, mfu_peak_tflops, model_flops_per_step
-
     md, hw, pl = lo.model, lo.hw, lo.place
     gbs = mb * m * pl.dp
     flops = model_flops_per_step(md.cfg, gbs)

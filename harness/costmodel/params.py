@@ -31,6 +31,7 @@ import functools
 from functools import lru_cache
 
 from harness import catalog
+from harness.config import ModelConfig
 from models.pipeline_split import stage_layer_counts
 from models.tp_plan import PLAN, SHARDED_DIM, role_of
 
@@ -101,8 +102,6 @@ def option(m, name: str):
 
 @lru_cache(maxsize=None)
 def _schema_default(name: str):
-    from harness.config import ModelConfig
-
     return ModelConfig.__dataclass_fields__[name].default
 
 

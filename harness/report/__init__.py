@@ -20,6 +20,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness import catalog
+from harness.run.record import write_atomic
+
+# Imports inside functions: harness.report, harness.report.study, which would make an import cycle at the top.
+
 
 def png_paths(html_path: Path) -> dict[str, Path]:
     stem = html_path.with_suffix("")
@@ -28,7 +33,6 @@ def png_paths(html_path: Path) -> dict[str, Path]:
 
 def write_pngs(study, html_path: Path) -> dict[str, Path]:
     """The key charts as PNG next to the HTML; only those the study has data for."""
-    from harness import catalog
     from harness.report import charts, png, pp_mode
     from harness.report.study import candidates
 
@@ -69,7 +73,6 @@ def write_report(records_path: str | Path, out_path: str | Path | None = None, p
     run_ids / name: only those runs, titled `name` (one invocation's ad-hoc runs: harness/run/sweep.py)."""
     from harness.report import page
     from harness.report.study import load
-    from harness.run.record import write_atomic
 
     records_path = Path(records_path)
     study = load(records_path, run_ids, name)

@@ -11,6 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.report import png_paths, write_report
+from harness.report.index import write_index
+from harness.report.wandb_summary import log_summary
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
@@ -27,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
         if not args.index.is_dir() or not any(args.index.glob("*.jsonl")):
             print(f"no records files (<study>.jsonl) in {args.index}", file=sys.stderr)
             return 2
-        from harness.report.index import write_index
 
         print(write_index(args.index))
         return 0
@@ -37,15 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no records at {args.records}", file=sys.stderr)
         return 2
 
-    from harness.report import png_paths, write_report
 
     html = write_report(args.records, args.out, pngs=not args.no_png)
     for p in png_paths(html).values():
         if p.exists():
             print(f"chart: {p}")
     if args.wandb:
-        from harness.report.wandb_summary import log_summary
-
         where = log_summary(args.records, html, mode=args.wandb, project=args.project)
         if where:
             print(f"W&B summary run: {where}")

@@ -4,6 +4,7 @@ same numbers.
 """
 from __future__ import annotations
 
+from harness.collect.compute_classes import CLASSES
 from harness.costmodel.schedule import idle_intervals
 from harness.dims import COMM_AXES
 from harness.report import scaling
@@ -62,8 +63,6 @@ def memory_series(study: Study) -> dict | None:
 def compute_series(study: Study) -> dict | None:
     """Per ok run: its compute by kind of work (harness/collect/compute_classes.py) as % of that side's
     compute, measured (profiled steps; None where the run was not profiled) and predicted."""
-    from harness.collect.compute_classes import CLASSES
-
     rows = []
     for r in study.ok_runs:
         sides = {}

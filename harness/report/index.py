@@ -31,6 +31,7 @@ from harness.report.blocks import Figures, table
 from harness.report.charts import STRATEGY_COLOURS
 from harness.report.page import STATIC, plotly_js
 from harness.run import record as rec
+from harness.run.record import write_atomic
 
 INDEX = "index.html"
 
@@ -236,8 +237,6 @@ def build(studies: list[StudyEntry], plotly_src: str, results_dir: Path,
 
 
 def write_index(results_dir: str | Path) -> Path:
-    from harness.run.record import write_atomic
-
     results_dir = Path(results_dir)
     path = results_dir / INDEX
     write_atomic(path, build(load_studies(results_dir), plotly_js(results_dir), results_dir))

@@ -8,6 +8,7 @@ the same assumption the cost model makes when it picks intra- or inter-node band
 from __future__ import annotations
 
 from harness import catalog
+from harness.costmodel.params import tp_block_collectives
 from harness.dims import COMM_AXES, DEGREES, ConfigError, ParallelDims
 
 
@@ -33,8 +34,6 @@ def collectives(run, axis: str) -> str:
             return "all-reduce of gradients + broadcast of each rank's updated parameter shard"
         return "all-reduce of gradients (ring: reduce-scatter then all-gather)"
     if axis == "tp":
-        from harness.costmodel.params import tp_block_collectives
-
         c = tp_block_collectives(run.cfg("model", "mlp", default="gelu"), bool(s.get("sequence_parallel")))
         if s.get("sequence_parallel"):
             return "all-gather + reduce-scatter of activations, 2 of each per layer forward and backward"

@@ -21,6 +21,8 @@ from harness.report.blocks import Figures
 from harness.report.study import Study, candidates
 from harness.run.record import write_atomic
 
+# Imports inside functions: plotly (only for a report).
+
 MODES = (("dp", "DP", "data parallel", dp_mode), ("tp", "TP", "tensor parallel", tp_mode),
          ("pp", "PP", "pipeline parallel", pp_mode), ("mesh", "3D", "device mesh", mesh_mode))
 STATIC = Path(__file__).resolve().parent / "static"

@@ -17,7 +17,9 @@ from pathlib import Path
 from harness.dims import COMM_AXES
 from harness.report import charts, png_paths, scaling
 from harness.report.study import load
-from harness.run.record import Status
+from harness.run.record import Status, wandb_env
+
+# Imports inside functions: wandb (only when a run logs to W&B).
 
 
 def summary_dir(records_path: Path, study: str) -> Path:
@@ -72,8 +74,6 @@ def log_summary(records_path: str | Path, html_path: str | Path | None = None, m
                 name: str | None = None) -> str | None:
     """Log the study summary; returns the W&B run directory, or None if logging failed or is disabled.
     run_ids / name: only those runs, as group `name` (one invocation's ad-hoc runs)."""
-    from harness.run.record import wandb_env
-
     records_path = Path(records_path)
     study = load(records_path, run_ids, name)
     wdir = summary_dir(records_path, study.name)

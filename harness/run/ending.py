@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,8 +162,6 @@ def relaxed(record: dict) -> bool:
 def failure(error: BaseException) -> tuple[Status, str]:
     """The one rule for a job that raised instead of ending (a bug, a full disk, a SLURM job killed
     without a record): `failed`, or `timeout` when its time limit ended it; the error says where."""
-    import traceback
-
     where = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
     at = f" (at {where[0].filename}:{where[0].lineno} in {where[0].name})" if where else ""
     status = Status.TIMEOUT if getattr(error, "timed_out", False) else Status.FAILED

@@ -17,14 +17,16 @@ from omegaconf import OmegaConf
 from rich.markup import escape
 
 from harness.config import ADHOC_STUDY, CONF_DIR, register_configs
+from harness.run.ending import console
+from harness.run.job import Task
 from harness.run.record import results_problem
+
+# Imports inside functions: harness.run.sweep, which only a sweep needs.
 
 
 def run_invocation(argv: list[str], task=None) -> int:
     """The whole invocation (argv as in sys.argv[1:], which Hydra's entry point parses): its exit
     status (harness/run/ending.py). `task`: the task function, a harness.run.job.Task."""
-    from harness.run.job import Task
-
     register_configs()
     task = task or Task()
     refused = _before_hydra(argv, task.ending)
@@ -53,8 +55,6 @@ def _before_hydra(argv: list[str], ending) -> int | None:
         results_dir, study, error = str(given.get("results_dir", "results")), str(given.get("study", ADHOC_STUDY)), e
     problem = results_problem(results_dir, study)
     if problem:
-        from harness.run.ending import console
-
         console.print(f"[yellow]invalid[/] {escape(problem)}", highlight=False, soft_wrap=True)  # one line
         return 2
     if error is not None:

@@ -9,6 +9,7 @@ written), and the function never raises for a bad run, so a sweep goes on past i
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -19,12 +20,18 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.collect.aggregate import aggregate, environment
 from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
+from harness.costmodel import predict
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
+from harness.run import ending
 from harness.run import record as rec
 from harness.run.ending import Ending, claim_path, console, failure, held_by, holder_line, print_table, received
-from harness.run.record import Status, results_problem, write_atomic
+from harness.run.record import Status, log_record, results_problem, run_identity, write_atomic
+from harness.validate import validate
+
+# Imports inside functions: Hydra (only the parent composes configs); launch.slurm, which only a SLURM job needs.
 
 
 def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:
@@ -205,11 +212,6 @@ def _task_overrides() -> list[str]:
 
 def _plan(run: RunConfig) -> tuple[ParallelDims, dict]:
     """Validate, predict and check the launcher's machine; ConfigError (with the arithmetic) if it cannot run."""
-    import importlib
-
-    from harness.costmodel import predict
-    from harness.validate import validate
-
     dims = validate(run)
     try:
         predicted = predict(run, dims)
@@ -235,8 +237,6 @@ def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
 
 
 def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str, ending: Ending):
-    import importlib
-
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
     log_path = run_dir / rec.WORKERS_LOG
     progress_file = run_dir / rec.PROGRESS
@@ -254,9 +254,6 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label
 
 def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
     """Turn what the ranks left in run_dir into (status, error, measured, env)."""
-    from harness.collect.aggregate import aggregate, environment
-    from harness.run import ending
-
     ended = ending.verdict(run, run_dir, result)
     if ended is not None:
         return (*ended, {}, {})
@@ -295,8 +292,6 @@ def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: st
 def _log_wandb(record: dict, run: RunConfig, run_dir: Path, label: str, ending: Ending) -> None:
     """W&B first, then the record: it names the W&B run only once that run exists, and says why not
     when logging failed. Interrupted while logging (a second Ctrl-C), the record is still written."""
-    from harness.run.record import log_record, run_identity
-
     ident = run_identity(record, run_dir, run.logger, label)
     try:
         error = log_record(record, ident, run_dir, run.logger, job_type=run.launcher.name)

@@ -32,9 +32,14 @@ from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from harness.collect.aggregate import host_fingerprint
+from omegaconf import OmegaConf
+
+from harness import catalog
+from harness.collect.aggregate import host_fingerprint, key
 from harness.collect.aggregate import ratios as fidelity_ratios
-from harness.config import ADHOC_STUDY
+from harness.config import ADHOC_STUDY, NON_SEMANTIC_KEYS, RunConfig
+
+# Imports inside functions: wandb (only when a run logs to W&B).
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,8 +65,6 @@ def run_id(config: dict) -> str:
     """Hash of the resolved config, less the fields that do not change what is measured and less
     the values equal to the schema's defaults, so that adding a field with a default to the schema
     keeps every existing run_id (a resumed study still finds its done runs)."""
-    from harness.config import NON_SEMANTIC_KEYS
-
     defaults = _schema_defaults()
     flat = {**_retired_keys(config), **flatten(config)}
     semantic = {k: v for k, v in flat.items()
@@ -78,8 +81,6 @@ _RETIRED_DEFAULTS = {"strategy.axes": ["dp"], "strategy.impl": ""}
 
 
 def _retired_keys(config: dict) -> dict:
-    from harness import catalog
-
     old = catalog.SCHEMA_1_STRATEGY_FIELDS.get((config.get("strategy") or {}).get("name"))
     if old is None or "axes" in config["strategy"]:
         return {}
@@ -99,9 +100,6 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _schema_defaults() -> dict:
-    from omegaconf import OmegaConf
-
-    from harness.config import RunConfig
 
     return flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig), throw_on_missing=False))
 
@@ -283,8 +281,6 @@ def already_done(config: dict, run) -> dict | None:
     """Resume: in a named study, a config that already has a finished record is not run again
     (rerun=failed re-runs failed/timeout/oom/diverged ones, rerun=all everything). An invalid or
     interrupted run never finished, so it is always run again. Each repeat is its own run."""
-    from harness.collect.aggregate import key
-
     if run.study == ADHOC_STUDY or run.rerun == "all":
         return None
     mine = (run_id(config), int(config.get("repeat") or 0))

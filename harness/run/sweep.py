@@ -5,10 +5,14 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
-from harness.config import ADHOC_STUDY
+from harness.config import ADHOC_STUDY, as_dict, to_run_config
 from harness.run import record as rec
 from harness.run.ending import Ending, console, failure, print_table, received
-from harness.run.record import Status
+from harness.run.record import Status, group
+from harness.validate import validate
+
+# Imports inside functions: harness.report, harness.report.index, harness.report.wandb_summary, which would
+# make an import cycle at the top.
 
 
 def _base(config: DictConfig) -> tuple[str, str]:
@@ -28,9 +32,6 @@ def unlaunched(ending: Ending, job_cfg: DictConfig, status: Status, error: str) 
     """A job that ended without writing its record: killed by SLURM (`failed`/`timeout`), or not
     launched because brigade was signalled (`interrupted`). Its config is composed here as in the
     job, so the record has the run_id a resumed study looks for."""
-    from harness.config import as_dict, to_run_config
-    from harness.validate import validate
-
     run = to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"]))
     config = as_dict(run)
     try:
@@ -63,8 +64,6 @@ def write_report(config: DictConfig, results_dir: str, study: str, records: list
     """The study's HTML report (harness.report) and its W&B summary run; the path is printed last.
     Ad-hoc runs (no study named) get a report of this invocation's runs only, `adhoc-<invocation>.html`.
     A failure here is printed and swallowed: the records are already written and the sweep is done."""
-    from harness.run.record import group
-
     path = rec.records_path(results_dir, study)
     run_ids, name = (({r["run_id"] for r in records if "run_id" in r}, group(study)) if study == ADHOC_STUDY else (None, None))
     try:

@@ -19,6 +19,9 @@ import torch
 
 from models.gpt import loss_function
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}  # also FSDP2's param_dtype
 
 

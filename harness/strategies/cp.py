@@ -29,6 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import all_gather_tensor_autograd, wait_tensor
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 def local_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
     """The token positions cp rank `cp_rank` holds: chunks cp_rank and 2cp-1-cp_rank, in that order."""

@@ -52,6 +52,9 @@ import torch
 
 from harness.strategies.base import AUTOCAST_DTYPES, Strategy
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 def mixed_precision_policy(precision: str, comm_hook: str = "none"):
     """Params gathered and computed in the precision's dtype; gradients reduce-scattered in fp32, or in

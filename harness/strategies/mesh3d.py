@@ -44,6 +44,7 @@ from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
 from harness.strategies.moe3d import MoEStages
 from harness.strategies.pp import PipelineStrategy
 from harness.strategies.tp import apply_tensor_parallel, loss_parallel_context, register_grad_hooks
+from harness.validate import num_microbatches
 
 
 class ShardedAccumulationStage(PipelineStage):
@@ -84,8 +85,6 @@ class Mesh3D(PipelineStrategy):
         super().setup(model)
 
     def _microbatches(self) -> int:
-        from harness.validate import num_microbatches
-
         return num_microbatches(self.run, self.dims)
 
     def parallelize_stage(self, module):

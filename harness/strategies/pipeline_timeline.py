@@ -36,6 +36,9 @@ import torch
 from harness.run import record
 from harness.run.record import write_atomic
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 class _Clock:
     """Time stamps: floats (perf_counter) on CPU, recorded CUDA events on CUDA."""

@@ -22,6 +22,9 @@ import torch
 from harness.strategies.base import Strategy
 from models.tp_plan import parallel_styles
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Module:
     """Shard `model` (on meta, or on its device) over the 1-D `tp_mesh` following models/tp_plan.py.

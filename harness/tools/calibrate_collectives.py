@@ -22,6 +22,9 @@ from typing import NamedTuple
 
 from harness.costmodel import comm
 from harness.costmodel.comm import IN_STEP
+from harness.tools.device_timing import run_for, sync, timed_calls
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 # Tensor parallelism's collectives as a step meets them (IN_STEP: the all-reduce, and sequence
@@ -142,7 +145,6 @@ def _time_team(team: Team, sizes: list[int], budget_s: float, torch, device, pro
     in_step: also IN_STEP on a CPU (not across nodes: harness/tools/calibrate_fabric.py)."""
     import torch.distributed as dist
 
-    from harness.tools.device_timing import sync
 
     results: dict = {}
     for coll in COLLECTIVES:
@@ -232,7 +234,6 @@ def _overlap(torch, device, n: int) -> dict:
     are queued first to outlast it. On a GPU the GEMMs are bf16 and timed by CUDA events on their stream."""
     import torch.distributed as dist
 
-    from harness.tools.device_timing import run_for, sync, timed_calls
 
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32

@@ -25,6 +25,12 @@ from __future__ import annotations
 import statistics
 import time
 
+from harness.config import compose_run
+from harness.costmodel.compute import layer_projections
+from harness.costmodel.inputs import Model
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
+
 SQUARE = (32, 64, 128, 256, 512, 1024)
 QUICK_SQUARE = (64, 256, 512)
 # the shapes brigade's CPU runs meet: model=small's projections and head at these tokens per
@@ -53,10 +59,6 @@ def linear_gemms(t: int, n: int, k: int, dtype) -> dict:
 
 def projection_shapes(quick: bool) -> list[tuple]:
     """Forward (tokens, out, in) of model=small's projections and head at TOKENS x TPS, and squares."""
-    from harness.config import compose_run
-    from harness.costmodel.compute import layer_projections
-    from harness.costmodel.inputs import Model
-
     md = Model.of(compose_run([f"model={MODEL}"]).model)
     shapes = {(n, n, n) for n in (QUICK_SQUARE if quick else SQUARE)}
     for t in (QUICK_TOKENS if quick else TOKENS):
@@ -113,7 +115,6 @@ def ops_per_layer() -> int:
     """aten operators one Block dispatches in forward + backward (shape-independent; model=tiny)."""
     import torch
 
-    from harness.config import compose_run
     from harness.tools.op_profile import OpProfile
     from models.gpt import Block
 

@@ -23,10 +23,13 @@ rate's slowdown by `gemm` and the memory bandwidth's by `memory` when a node run
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 import statistics
 import time
 
 from harness.tools.calibrate_compute import cpu_clock
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
 
 GEMMS = ((1024, 256, 256), (1024, 1024, 256))
 TRIAD_MIB = 64
@@ -66,8 +69,6 @@ def _worker(rank: int, commands, barrier, results) -> None:
 
 def measure(cores: int, rounds: int = 7, window_s: float = 0.5) -> dict:
     """compute.corun for a node of `cores` cores (see the module docstring)."""
-    import multiprocessing as mp
-
     if cores <= 1:
         return {"cores": cores, "gemm": 1.0, "memory": 1.0}
     ctx = mp.get_context("spawn")

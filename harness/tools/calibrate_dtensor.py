@@ -36,8 +36,18 @@ from __future__ import annotations
 
 import statistics
 
+from omegaconf import OmegaConf
+
+from harness import strategies
+from harness.config import compose_run
+from harness.costmodel.compute import microbatch_times
+from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.layout import layout
+from harness.dims import ParallelDims
 from harness.tools.calibrate_compute import cpu_clock
 from harness.tools.calibrate_elementwise import MICRO_BATCH, MODEL
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
 
 LAYERS = (1, 4)  # two depths: the difference is the blocks' share, the rest is outside them
 TINY = ["model=tiny", "model.seq_len=8", "model.d_model=64", "model.d_ff=128", "model.vocab_size=64", "model.n_heads=4"]
@@ -49,9 +59,6 @@ def tiny_strategy(overrides: list[str], microbatches: int, shapes: list[str] = T
     ones unless given) and `overrides`, with `microbatches` (input, target) pairs of `sequences` each."""
     import torch
 
-    from harness import strategies
-    from harness.config import compose_run
-    from harness.dims import ParallelDims
     from models.gpt import build_model
 
     run = compose_run([*shapes, *overrides])
@@ -164,8 +171,6 @@ def measure_one(rounds: int, sequence_parallel: bool, profile: dict | None = Non
 
 def _elements(shapes: list[str], sequences: int) -> int:
     """A micro-batch's residual-stream elements (tokens x d_model) at `shapes`."""
-    from harness.config import compose_run
-
     m = compose_run(shapes).model
     return sequences * m.seq_len * m.d_model
 
@@ -174,13 +179,6 @@ def kernel_ratio(profile: dict, sequence_parallel: bool) -> float:
     """kappa: a tp-2 block's kernels over the plain block's, forward + backward of a micro-batch at
     SIZED shapes, as `profile` prices them (GEMMs by shape, attention, element-wise traffic and the
     dispatch floor; its DTensor term left out), one process on one core."""
-    from omegaconf import OmegaConf
-
-    from harness.config import compose_run
-    from harness.costmodel.compute import microbatch_times
-    from harness.costmodel.inputs import Hardware, Model, Strategy
-    from harness.costmodel.layout import layout
-
     compute = {k: v for k, v in dict(profile.get("compute") or {}).items() if k not in ("dtensor", "corun")}
     hw = Hardware.of(OmegaConf.create({**profile, "compute": compute}))
     md = Model.of(compose_run(SIZED).model)

@@ -29,6 +29,19 @@ from __future__ import annotations
 
 import statistics
 
+from harness.collect.compute_classes import (
+    ATTENTION_BACKWARD,
+    ATTENTION_BACKWARD_OPS,
+    ATTENTION_FORWARD,
+    ATTENTION_FORWARD_OPS,
+    kind_of,
+)
+from harness.config import compose_run
+from harness.costmodel.inputs import Model
+from harness.tools.device_timing import sig, sync
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
+
 MODEL = "small"
 MICRO_BATCH = 2
 SOURCE = ("model={model} fp32, micro-batch {mb}, forward + loss + backward under a TorchDispatchMode timing each "
@@ -44,9 +57,6 @@ def measure(rounds: int, peak_fp32_tflops: float) -> dict:
     (module docstring)."""
     import torch
 
-    from harness.collect.compute_classes import ATTENTION_BACKWARD, ATTENTION_FORWARD
-    from harness.config import compose_run
-    from harness.costmodel.inputs import Model
     from harness.tools.op_profile import OpProfile
     from models.gpt import build_model, cross_entropy
 
@@ -87,10 +97,6 @@ def measure_profiled(dtype, peak_tflops: float, mode: dict, device) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from harness.collect.compute_classes import ATTENTION_BACKWARD_OPS, ATTENTION_FORWARD_OPS, kind_of
-    from harness.config import compose_run
-    from harness.costmodel.inputs import Model
-    from harness.tools.device_timing import sig, sync
     from harness.tools.op_profile import OpProfile
     from models.gpt import build_model, cross_entropy
 

@@ -28,8 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.config import CONF_DIR
+import yaml
+
+from harness.config import CONF_DIR, compose_run
 from harness.costmodel import comm
+from harness.tools.calibrate_collectives import Team, _Progress, _time_team
+
+# Imports inside functions: torch and what imports it, which the parent process never loads; launch.slurm,
+# which only a SLURM allocation needs.
 
 FABRIC_DIR = CONF_DIR / "hardware" / "fabric"
 SIZES = (4096, 262144, 2**20, 4 * 2**20, 25 * 2**20)  # 256 KiB: model=small's b s h fp32 activation; 25 MiB: DDP
@@ -41,7 +47,6 @@ def worker(out_path: str, sizes: list[int], budget_s: float, backend: str) -> No
     import torch
     import torch.distributed as dist
 
-    from harness.tools.calibrate_collectives import Team, _Progress, _time_team
 
     os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
     os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
@@ -121,7 +126,6 @@ def main(argv: list[str]) -> int:
               f"(salloc -N 2 ...); here SLURM_JOB_NUM_NODES = {os.environ.get('SLURM_JOB_NUM_NODES', 'unset')}",
               file=sys.stderr)
         return 2
-    from harness.config import compose_run
 
     hw = compose_run([*args.overrides, "logger=none"]).hardware
     nodes = int(os.environ["SLURM_JOB_NUM_NODES"])
@@ -132,7 +136,6 @@ def main(argv: list[str]) -> int:
     path = Path(args.output) if args.output else FABRIC_DIR / "local" / f"{name}.yaml"
     backend = "nccl" if gpu else "gloo"
     measured = measure(nodes, per_node, sizes, 0.05 if args.quick else 0.25, backend, timeout_s=900)
-    import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(profile(path.stem, nodes, per_node, args.nics, measured, backend), sort_keys=False))

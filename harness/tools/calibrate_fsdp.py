@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from harness.tools.calibrate_dtensor import _interleaved, tiny_strategy, us
 
+# Imports inside functions: torch and what imports it, which the parent process never loads.
+
 LAYERS = (1, 4)
 
 

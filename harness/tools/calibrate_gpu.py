@@ -35,12 +35,21 @@ with one GPU also the collectives and compute.overlap_slowdown.
 """
 from __future__ import annotations
 
+import copy
 import itertools
+import platform
 import statistics
 import time
 
+from rich.console import Console
+
+from harness.costmodel.compute import GemmCurve
 from harness.tools import calibrate_elementwise
+from harness.tools.calibrate_collectives import COLLECTIVES
+from harness.tools.calibrate_collectives_fit import run_collectives, tables
 from harness.tools.device_timing import run_for, sig
+
+# Imports inside functions: torch and what imports it, which the parent process never loads.
 
 GRID = (256, 512, 1024, 2048, 4096, 8192)
 NCCL_SIZES, QUICK_NCCL_SIZES = (4, 4096, 262144, 4 * 2**20, 64 * 2**20, 256 * 2**20), (4, 2**20, 64 * 2**20)
@@ -122,9 +131,6 @@ def triad_GBps(mib: int, reps: int, device) -> float:
 def nccl_figures(gpus: int, mode: dict) -> tuple[dict, dict, dict]:
     """(collectives by name and rank count, intra_node's {bus_bw_GBps, latency_us} from the all-reduce over
     every GPU, the overlap measurement at every GPU) from NCCL runs at 2 and at `gpus` ranks."""
-    from harness.tools.calibrate_collectives import COLLECTIVES
-    from harness.tools.calibrate_collectives_fit import run_collectives, tables
-
     collectives: dict = {name: {} for name in COLLECTIVES}
     overlap = None
     for n in sorted({2, gpus}):
@@ -139,11 +145,7 @@ def nccl_figures(gpus: int, mode: dict) -> tuple[dict, dict, dict]:
 def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", console=None) -> dict:
     """The measured profile (a plain dict in the HardwareConfig schema): the base profile with the
     measured figures in place of its own."""
-    import copy
-    import platform
-
     import torch
-    from rich.console import Console
 
     console = console or Console(stderr=True)
     dev = torch.device(device)
@@ -224,8 +226,6 @@ def calibrate(base_hw: dict, name: str, mode: dict, device: str = "cuda", consol
 def summary(profile: dict, base: dict, written: str, pred: dict) -> str:
     """What a GPU calibration measured, beside what the base profile cites, shape by shape where both
     have the shape."""
-    from harness.costmodel.compute import GemmCurve
-
     lines = [f"{written} (single model=tiny predicted {pred['step_time_s'] * 1e3:.2f} ms/step)",
              "measured | base profile (cited) | measured / cited"]
     gemm = profile["compute"]["gemm"]["bf16"]

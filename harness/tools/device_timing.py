@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+# Imports inside functions: torch and what imports it, which the parent process never loads.
+
 
 def sync(device) -> None:
     """Wait for the device to finish what was issued to it (nothing to wait for on a CPU)."""

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import time
 
+from omegaconf import OmegaConf
+
+from harness.config import compose_run
+from harness.run.job import run_job
+from harness.tools import plan_check
+
 GiB = 1024**3
 
 
 def dryrun_top(cands, k: int, overrides: list[str], by: str = "degrees") -> int:
-    from omegaconf import OmegaConf
-
-    from harness.config import compose_run
-    from harness.run.job import run_job
-    from harness.tools import plan_check
-
     keep = [o for o in overrides if not o.startswith(("plan.", "strategy", "parallel.", "workload.micro_batch_size",
                                                        "workload.activation_checkpointing", "launcher"))]
     if not any(o.startswith("study=") for o in keep):

@@ -2,11 +2,11 @@
 each layout why it ranks where it does (harness/plan.py; a candidate is plan.Candidate)."""
 from __future__ import annotations
 
+from harness.costmodel.fabric import Fabric
+
 
 def network(run) -> str:
     """The node and the fabric the table is priced on (the header's second line)."""
-    from harness.costmodel.fabric import Fabric
-
     hw = run.hardware
     node = f"node: {hw.devices_per_node} x {hw.name}, {hw.intra_node.bus_bw_GBps:g} GB/s busbw inside"
     fabric = Fabric.of(hw.fabric)

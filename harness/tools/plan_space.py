@@ -3,7 +3,11 @@ has (sequence parallelism, bf16 parameters for the distributed optimizer, HSDP's
 an HSDP variant's prediction is made from two base estimates, as `predict` makes it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness import catalog
+from harness.costmodel import layouts4d
+from harness.dims import ParallelDims
 
 
 def with_sequence_parallel(knobs: dict, tp: int, model) -> list[dict]:
@@ -36,11 +40,6 @@ def hsdp_replicas(dp: int, world: int, ranks_per_node: int) -> list[int]:
 def hsdp_prediction(full: dict, shard: dict, lo, st, run, hw, mb: int, m: int, ckpt: str, rep: int) -> dict:
     """The prediction of an HSDP layout from the two base estimates, as `predict` makes it
     (harness/costmodel/layouts4d.py adjust): `full` at the whole dp, `shard` at its shard group."""
-    from dataclasses import replace
-
-    from harness.costmodel import layouts4d
-    from harness.dims import ParallelDims
-
     pl = lo.place
     w = replace(run.workload, micro_batch_size=mb, precision=lo.precision, activation_checkpointing=ckpt)
     dims = ParallelDims(dp=pl.dp, tp=pl.tp, pp=pl.pp, vpp=pl.vpp, world_size=pl.world, dp_replicate=rep)

@@ -11,15 +11,27 @@ why in the record; torchrun then stops the other ranks, so a crash never becomes
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
+import platform
+import resource
 import socket
 import time
 import traceback
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from harness import strategies
+from harness.collect.aggregate import rank_fingerprint
+from harness.config import to_run_config
 from harness.run import record
 from harness.run.record import write_atomic
+from harness.validate import num_microbatches, validate
+
+# Imports inside functions: torch and what imports it, which the parent process never loads; importlib (the
+# strategy module is named by the config); harness.run.record, which would make an import cycle at the top.
 
 
 def _write_json(path: Path, obj) -> None:
@@ -40,7 +52,6 @@ def _environment(device) -> dict:
         env["deepspeed"] = version("deepspeed")
     except Exception:  # noqa: BLE001 - deepspeed is optional for people who bring their own stack
         env["deepspeed"] = None
-    from harness.collect.aggregate import rank_fingerprint
 
     env.update(rank_fingerprint(device))  # CUDA, NCCL, driver, GPUs, interconnect, SLURM job
     env["device_name"] = env["gpu_name"] if device.type == "cuda" else _cpu_name()
@@ -54,7 +65,6 @@ def _cpu_name() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor() or "cpu"
 
@@ -81,8 +91,6 @@ def _host_rss_at_setup(strategy, device, rss_before_model: int) -> dict:
     the parameters this rank holds in host memory (its local shards on CPU; 0 on a GPU). Not
     modelled: the init's transient (a few row blocks of one parameter, models/gpt.py) and the
     allocator's slack."""
-    import resource
-
     from harness.worker import measure
 
     params = measure.tensor_bytes(strategy.state_tensors()["params"]) if device.type == "cpu" else 0
@@ -134,11 +142,7 @@ def _run(run_dir: Path, rank: int) -> None:
     stamps = {"process_start": _process_start_unix()}
     import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf
 
-    from harness import strategies
-    from harness.config import to_run_config
-    from harness.validate import num_microbatches, validate
     from harness.worker.loop import run_steps
     from models.gpt import build_model
 
@@ -271,8 +275,6 @@ class GradDump:
         optimizer.step = step  # an instance attribute: shadows the class's step() for this object only
 
     def _dump(self, strategy) -> None:
-        import io
-
         import torch
 
         from harness.run.record import write_atomic

@@ -19,6 +19,9 @@ from harness.dims import COMM_AXES
 from harness.run import record
 from harness.run.record import write_atomic
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":

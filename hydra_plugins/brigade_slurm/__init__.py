@@ -31,6 +31,9 @@ from launch.slurm import (
     slurm_job_id,
 )
 
+# Imports inside functions: Hydra imports every plugin at start-up, so what a sweep or a launch needs loads
+# when it runs.
+
 log = logging.getLogger(__name__)
 
 

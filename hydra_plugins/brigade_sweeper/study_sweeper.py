@@ -32,6 +32,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
+# Imports inside functions: Hydra imports every plugin at start-up, so what a sweep or a launch needs loads
+# when it runs.
+
 log = logging.getLogger(__name__)
 
 

@@ -26,6 +26,10 @@ import torch.distributed as dist
 
 from harness.strategies.base import Strategy, canonical_name
 from harness.strategies.deepspeed import config as ds_config
+from harness.validate import num_microbatches
+
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
 
 
 def import_deepspeed():
@@ -58,7 +62,6 @@ class DeepSpeedStrategy(Strategy):
     def setup(self, model: torch.nn.Module) -> None:
         deepspeed = import_deepspeed()
         deepspeed.init_distributed(dist_backend=dist.get_backend())  # wraps the worker's process group
-        from harness.validate import num_microbatches
 
         self.num_microbatches = num_microbatches(self.run, self.dims)
         self.config = ds_config.build(self.run, self.dims.dp, self.num_microbatches)

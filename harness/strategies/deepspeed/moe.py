@@ -16,6 +16,9 @@ import torch.distributed as dist
 from harness.strategies.base import canonical_name
 from harness.strategies.deepspeed.engine import DeepSpeedStrategy
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 class DeepSpeedMoE(DeepSpeedStrategy):
     def build_module(self, model):

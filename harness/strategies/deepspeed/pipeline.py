@@ -18,6 +18,9 @@ import torch
 from harness.strategies.deepspeed.engine import DeepSpeedStrategy
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 
+# Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
+# modes use.
+
 
 class DeepSpeedPipeline(DeepSpeedStrategy):
     def build_module(self, model):

@@ -9,6 +9,8 @@ profile of the machine this repository's reference figures come from.
     python -m harness.calibrate hardware=h100_sxm             # on a GPU: its GEMMs by shape, memory,
                                                               # element-wise ops, attention (~2 minutes;
                                                               # harness/tools/calibrate_gpu.py)
+    salloc -N 2 python -m harness.calibrate --fabric          # inside a SLURM allocation: the collectives across
+                                                              # its nodes, a fabric profile (calibrate_fabric.py)
 
 What is measured (the methods of all_reduce_bench and mamf-finder in stas00/ml-engineering, nccl-tests
 definitions; the collectives part is harness/tools/calibrate_collectives.py, launched and fitted by
@@ -64,7 +66,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.config import CONF_DIR, as_dict, compose_run, register_configs, to_run_config
 from harness.costmodel import predict
-from harness.tools import calibrate_corun, calibrate_dtensor, calibrate_elementwise, calibrate_fsdp, calibrate_gpu
+from harness.tools import (
+    calibrate_corun,
+    calibrate_dtensor,
+    calibrate_elementwise,
+    calibrate_fabric,
+    calibrate_fsdp,
+    calibrate_gpu,
+)
 from harness.tools.calibrate_collectives import COLLECTIVES, IN_STEP
 from harness.tools.calibrate_collectives_fit import run_collectives, tables
 from harness.tools.calibrate_compute import cpu_clock
@@ -246,6 +255,8 @@ def _group(key: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--fabric" in argv:  # inside a SLURM allocation of several nodes: the fabric part (calibrate_fabric.py)
+        return calibrate_fabric.main([a for a in argv if a != "--fabric"])
     p = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides; hardware=<base profile> (default cpu)")

@@ -277,13 +277,16 @@ def test_a_signal_between_a_sweeps_runs_ends_the_next_run_as_interrupted(tmp_pat
     assert status == 1
 
 
-def test_a_failed_wandb_log_leaves_no_wandb_identity_and_says_why(tmp_path, monkeypatch):
-    from tests.helpers import run
+def test_a_failed_wandb_log_leaves_no_wandb_identity_and_says_why(tmp_path):
+    from tests.helpers import FAST, cli
 
-    monkeypatch.setenv("WANDB_MODE", "bogus")  # W&B itself refuses the mode: a real logging failure
-    r = run(["strategy=single", "logger=wandb"], tmp_path)
-    assert r["status"] == "ok", r["error"]
+    # W&B itself refuses the mode: a real logging failure. In a process of its own: W&B keeps the settings of
+    # an earlier in-process run, so in the test process it would not look at the mode again.
+    args = [*[o for o in FAST if not o.startswith("logger")], "logger=wandb", "strategy=single"]
+    proc = cli(args, tmp_path, env={"WANDB_MODE": "bogus"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     (written,) = strict_records(tmp_path)
+    assert written["status"] == "ok", written["error"]
     assert "wandb" not in written, written["wandb"]  # no identity for a W&B run that does not exist
     assert written["wandb_error"].startswith("W&B logging failed: ValidationError"), written["wandb_error"]
     assert not list(Path(written["run_dir"]).glob("wandb/*run-*"))

@@ -256,7 +256,12 @@ def test_two_invocations_of_one_study_submit_and_run_each_config_once(slurm_clus
     """Two invocations of one study started together: each config is submitted once and runs once
     (the first to claim its run_id submits it and holds the claim for its SLURM job; the other
     skips it), so the study has one record per config and SLURM saw one job per config."""
-    jobs_before = set(slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split())
+    def study_jobs() -> set[str]:  # this study's jobs only (launch/slurm.py names them brigade-<study>-...):
+        # another test's allocation may reach the accounting database after this test began
+        lines = slurm_cluster.run("sacct", "-n", "-X", "-P", "-o", "JobID,JobName%200").split()
+        return {line.split("|")[0] for line in lines if "|brigade-twice-" in line}
+
+    jobs_before = study_jobs()
     argv = [sys.executable, "-m", "harness", "-m", "launcher=slurm", *SLURM_FAST, "logger=none", "study=twice",
             "strategy=single", "workload.seed=1,2", f"results_dir={results}"]
     a, b = (subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -266,7 +271,7 @@ def test_two_invocations_of_one_study_submit_and_run_each_config_once(slurm_clus
     recs = records(results, "twice")
     assert sorted((r["config"]["workload"]["seed"], r["status"]) for r in recs) == [(1, "ok"), (2, "ok")], \
         [(r["config"]["workload"]["seed"], r["status"], r["env"].get("slurm_job")) for r in recs]
-    new_jobs = set(slurm_cluster.run("sacct", "-n", "-X", "-o", "JobID").split()) - jobs_before
+    new_jobs = study_jobs() - jobs_before
     assert len(new_jobs) == 2, (new_jobs, [o[-1500:] for o in outs])
     said = " ".join(" ".join(outs).split())
     assert "holds it" in said or "already ok" in said, said[-3000:]

@@ -198,7 +198,7 @@ def read(path: Path) -> list[dict]:
 
 
 def claim_key(rid: str, repeat: int | None) -> str:
-    """What one invocation claims while it runs a config (harness/run/claim.py): its run_id, and the
+    """What one invocation claims while it runs a config (harness/run/ending.py): its run_id, and the
     repeat after the first, so two invocations of a study never run the same repeat twice."""
     return rid + (f".r{repeat}" if repeat else "")
 

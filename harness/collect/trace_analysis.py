@@ -24,7 +24,9 @@ breakdown can add up to more than the total when axes overlap each other.
 Attributing a gloo event to an axis: gloo events carry no process group (torch 2.13's gloo backend
 emits no `record_param_comms` events, which on NCCL name the group), so each is matched with the
 c10d flight-recorder entry that enqueued it (same collective, same element count, created before the
-event started, earliest first: a process group runs its queue in order). The entry names the
+event started, earliest first: a process group runs its queue in order). The profiled steps' entries
+are known by record id (measure.py reads the next id before and after each step), not by creation
+time: the recorder's clock and the profiler's differ by microseconds. The entry names the
 process group; profiling.py recorded which mesh axis each group is. Point-to-point ops are not in
 gloo's flight recorder: they are the pipeline's (pp) when pp > 1. An event that cannot be matched
 takes the axis of other events on the same worker thread (each process group has its own threads),
@@ -41,6 +43,7 @@ includes the time the previous stage spends computing (part of the bubble).
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -108,7 +111,7 @@ def analyse(trace: dict) -> dict:
     if cuda:
         out["compute_top_kernels"] = compute_classes.top_kernels(compute_ev, steps, n_steps)
 
-    entries = flight_entries(trace, events, steps)
+    entries = flight_entries(trace, events)
     label = attribute(comm_ev, entries, meta, cuda)
     by_axis: dict = defaultdict(dict)
     groups: dict = defaultdict(list)
@@ -318,22 +321,29 @@ def inside(ts: float, steps) -> bool:
     return any(s <= ts < e for s, e in steps)
 
 
-def flight_entries(trace: dict, events: list[dict], steps) -> list[dict]:
-    """The flight recorder's entries (saved by profiling.py) made inside the profiled steps, each with
-    the collective as run (`run`), as asked for (`coll`, from the enclosing c10d operator), its
-    process group, group size and element count, in the order they were enqueued."""
+def flight_entries(trace: dict, events: list[dict]) -> list[dict]:
+    """The flight recorder's entries of the profiled steps (profiling.py saved them with each step's
+    record-id range), each with the collective as run (`run`), as asked for (`coll`, from the c10d
+    operator that enqueued it), its process group, group size and element count, in enqueue order."""
     meta = trace.get("brigade", {})
     base_ns = trace.get("baseTimeNanoseconds", 0)
     sizes = {str(k): len(v) for k, v in meta.get("pg_ranks", {}).items()}
     ops = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e["name"].startswith("c10d::"))
+    starts = [o[0] for o in ops]
+    ranges = meta.get("fr_steps", [])
     out = []
-    for en in meta.get("fr_entries", []):
-        t_us = (en.get("time_created_ns", 0) - base_ns) / 1000  # the trace's clock: base + ts microseconds
-        if not inside(t_us, steps):
-            continue  # enqueued outside the profiled steps (the barrier between them)
+    for en in sorted(meta.get("fr_entries", []), key=lambda en: en["record_id"]):
+        if not any(a <= en["record_id"] < b for a, b in ranges):
+            continue  # outside the recorded steps (the barrier between them)
+        # The operator that enqueued it: the c10d operator nearest its creation time. The recorder's
+        # clock and the profiler's differ by microseconds, so nearest, not containing.
+        # Candidates: the few operators that started last before it and the next one (enqueueing is
+        # short; a nest of operators is a few deep); the innermost of equals wins.
+        t_us = (en.get("time_created_ns", 0) - base_ns) / 1000
+        i = bisect.bisect_right(starts, t_us)
+        near = min(ops[max(0, i - 8):i + 1], key=lambda o: (max(o[0] - t_us, t_us - o[1], 0.0), -o[0]), default=None)
         run = collective_name(en.get("profiling_name", ""))
-        enclosing = [name for s, e, name in ops if s <= t_us <= e]
-        coll = (logical_name(enclosing[-1]) if enclosing else None) or run
+        coll = (logical_name(near[2]) if near else None) or run
         pg = str((en.get("process_group") or ["?"])[0])
         in_b = entry_numel(en) * dtype_bytes((en.get("input_dtypes") or ["float"])[0])
         out_b = sum(numel(x) for x in en.get("output_sizes") or []) * dtype_bytes(

@@ -133,8 +133,8 @@ DATA_GROUPS = ("dp", "dp_rep", "dp_shard", "dp_shard_cp", "dp_cp")
 AB_MIN_PAIRS = 3  # A/B step pairs at least: a median of 3 resists one noisy step
 
 
-def flight_recorder_entries(since_ns: int) -> list[dict]:
-    """The flight recorder's collectives enqueued since `since_ns` (epoch ns), fields we use only."""
+def flight_recorder_dump() -> list[dict]:
+    """Every entry the flight recorder holds, oldest first, fields we use only."""
     c10d = torch._C._distributed_c10d
     dump = getattr(c10d, "_dump_nccl_trace_json", None) if torch.cuda.is_available() else None
     dump = dump or getattr(c10d, "_dump_fr_trace_json", None)
@@ -144,9 +144,16 @@ def flight_recorder_entries(since_ns: int) -> list[dict]:
         entries = json.loads(dump(includeCollectives=True, onlyActive=False)).get("entries", [])
     except Exception:  # noqa: BLE001 - no recorder (buffer size 0) means no entries, not a failed run
         return []
-    keep = ("profiling_name", "process_group", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes",
-            "time_created_ns", "is_p2p", "collective_seq_id")
-    return [{k: e.get(k) for k in keep} for e in entries if e.get("time_created_ns", 0) >= since_ns]
+    keep = ("record_id", "profiling_name", "process_group", "input_sizes", "output_sizes", "input_dtypes",
+            "output_dtypes", "time_created_ns", "is_p2p", "collective_seq_id")
+    return [{k: e.get(k) for k in keep} for e in entries]
+
+
+def next_record_id() -> int:
+    """The record id the flight recorder gives its next entry (ids count every entry ever made, so a
+    step's entries are the ids between the values read before and after it, whatever the clocks say)."""
+    entries = flight_recorder_dump()
+    return entries[-1]["record_id"] + 1 if entries else 0
 
 
 def process_groups(mesh, dims) -> dict[str, dict]:
@@ -218,7 +225,7 @@ class ProfiledWindow:
                 mbs = batch(step)
                 step += 1
                 dist.barrier()
-                t0 = time.time_ns()
+                first = next_record_id()
                 ctx = strategy.sync_disabled() if mode == "nosync" else None
                 with clock:
                     if ctx is None:
@@ -227,7 +234,7 @@ class ProfiledWindow:
                         with ctx:
                             strategy.train_step(mbs)
                 times[mode].append(clock.elapsed)
-                calls[mode] += len(flight_recorder_entries(t0))
+                calls[mode] += next_record_id() - first
         return {"applicable": True, "sync_s": times["sync"], "nosync_s": times["nosync"],
                 "sync_collectives": calls["sync"] / pairs, "nosync_collectives": calls["nosync"] / pairs}, step
 
@@ -238,20 +245,25 @@ class ProfiledWindow:
         device = strategy.device
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         rank = dist.get_rank()
-        since = time.time_ns()
         path = self.run_dir / record.trace_file(rank)
         tmp = path.with_suffix(".tmp")
         # One warm-up step under the profiler (its start-up cost), then n recorded steps; the trace
         # is written when the active steps end (on_trace_ready), before the profiler drops it.
+        # Each recorded step's flight-recorder entries are known by record id, read between the barrier
+        # and the step and after the step (outside its annotation, so the reads cost the step nothing).
+        fr_steps = []
         with profile(activities=activities, record_shapes=True, schedule=schedule(wait=0, warmup=1, active=n),
                      on_trace_ready=lambda p: p.export_chrome_trace(str(tmp))) as prof:
-            for _ in range(n + 1):
+            for i in range(n + 1):
                 mbs = batch(step)
                 step += 1
                 dist.barrier()
+                first = next_record_id()
                 with record_function(trace_analysis.STEP_EVENT):
                     strategy.train_step(mbs)
                     synchronize(device)  # the step's device work ends inside its annotation
+                if i:  # the first is the profiler's warm-up step
+                    fr_steps.append([first, next_record_id()])
                 prof.step()
         trace = json.loads(tmp.read_text())
         groups = process_groups(strategy.mesh, self.dims)
@@ -260,7 +272,8 @@ class ProfiledWindow:
             "pg_axes": {k: v["axes"] for k, v in groups.items()},
             "pg_ranks": {k: v["ranks"] for k, v in groups.items()},
             "p2p_axis": "pp" if self.dims.pp > 1 else "other",
-            "fr_entries": flight_recorder_entries(since)}
+            "fr_steps": fr_steps,
+            "fr_entries": [e for e in flight_recorder_dump() if any(a <= e["record_id"] < b for a, b in fr_steps)]}
         write_atomic(path, json.dumps(trace))
         tmp.unlink(missing_ok=True)
         return trace, step

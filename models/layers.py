@@ -43,8 +43,41 @@ class SwiGLU(nn.Module):
         return F.dropout(self.down(F.silu(self.gate(x)) * self.up(x)), self.dropout, self.training)
 
 
+class _FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm computed and saved as CUDA's fused kernel does (torch's `_fused_rms_norm`): fp32 inside,
+    and for backward only the input, the weight and the fp32 rstd per row. On CPU torch runs RMSNorm as
+    composite ops that keep fp32 copies of a bf16 input (4 bytes more per element, twice per norm);
+    this keeps CPU runs and dry runs (fake tensors on CPU) holding what a GPU holds."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # the kernel's accumulation type
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * weight).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        xhat, g = x.to(rstd.dtype) * rstd, grad.to(rstd.dtype)
+        gx = g * weight
+        dx = rstd * (gx - xhat * (gx * xhat).mean(-1, keepdim=True))
+        dweight = (g * xhat).sum(dim=tuple(range(g.dim() - 1)))
+        return dx.to(x.dtype), dweight.to(weight.dtype), None
+
+
+class RMSNorm(nn.RMSNorm):
+    """torch's RMSNorm on CUDA (its fused kernel); elsewhere the same arithmetic and saved tensors
+    (_FusedRMSNorm). Where input and weight dtypes differ CUDA falls back to the composite too."""
+
+    def forward(self, x):
+        if x.device.type == "cuda" or self.weight is None or self.weight.dtype != x.dtype:
+            return super().forward(x)
+        return _FusedRMSNorm.apply(x, self.weight, self.eps)
+
+
 MLPS = {"gelu": MLP, "swiglu": SwiGLU}
-NORMS = {"layernorm": lambda h: nn.LayerNorm(h, eps=NORM_EPS), "rmsnorm": lambda h: nn.RMSNorm(h, eps=NORM_EPS)}
+NORMS = {"layernorm": lambda h: nn.LayerNorm(h, eps=NORM_EPS), "rmsnorm": lambda h: RMSNorm(h, eps=NORM_EPS)}
 
 
 def make_mlp(cfg) -> nn.Module:

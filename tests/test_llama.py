@@ -158,3 +158,34 @@ def test_local_shards_are_slices_of_the_single_weights(layout):
     for name, count in covered.items():
         assert count.min() >= 1, name  # every element lives on some rank
     assert any(c.max() < world for c in covered.values()), "no parameter was sharded"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_torch_and_keeps_only_the_fused_kernels_tensors(dtype):
+    """models/layers.py's RMSNorm off CUDA: torch's values and gradients, and for backward only what CUDA's
+    fused kernel keeps (the input and an fp32 rstd per row; the weight is a parameter), no fp32 copies."""
+    from models.layers import RMSNorm, _FusedRMSNorm
+
+    torch.manual_seed(0)
+    ours, ref = RMSNorm(64, eps=1e-5).to(dtype), torch.nn.RMSNorm(64, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        ours.weight.copy_(torch.randn(64))
+        ref.weight.copy_(ours.weight)
+    x = torch.randn(3, 5, 64, dtype=dtype, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = ours(x)
+    y_ref = ref(x_ref)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    y_ref.backward(grad)
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0, "rtol": 0}
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(x.grad, x_ref.grad, **tol)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, **tol)
+    assert [(tuple(t.shape), t.dtype) for t in saved] == [((3, 5, 64), dtype), ((64,), dtype),
+                                                          ((3, 5, 1), torch.float32)]
+    x64, w64 = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True), torch.randn(8, dtype=torch.float64,
+                                                                                            requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, w: _FusedRMSNorm.apply(a, w, 1e-5), (x64, w64))

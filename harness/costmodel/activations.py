@@ -31,12 +31,10 @@ output dtype: 4 in fp32, 2 under bf16/fp16 autocast):
     GQA: SDPA (enable_gqa) saves the unexpanded k, v: q, k, v = e*E*(1 + 2*kv/h)/t.
     SwiGLU: gate output (silu's input), silu output, up output, their product (down's input):
       4*e*F/t instead of GELU's 2; under autocast the gate and up matmuls cast the input once each.
-    RMSNorm: input r*E, the normalised x*rstd r*E (the weight's grad needs it) and rstd 4*b*s,
-      against LayerNorm's input and mean, rstd. torch 2.13's CPU RMSNorm is composite and computes
-      in fp32 for a bf16 input: under FSDP's bf16 params it keeps 4*E + 4*E per norm, not 2*E + 2*E
-      (tests/test_memory_peak.py); a dry run, which runs that CPU code, counts those 4*E bytes more
-      per norm (8*E per layer) than this formula. Published GPU runs that fit (tests/test_published.py) do not
-      support charging them on GPUs, so the formula keeps r.
+    RMSNorm: input r*E and rstd 4*b*s, what CUDA's fused kernel (torch's _fused_rms_norm) saves, against
+      LayerNorm's input and mean, rstd. torch's CPU RMSNorm is composite and keeps fp32 copies instead;
+      models/layers.py runs the kernel's arithmetic and saved set on every device but CUDA, so CPU runs
+      and dry runs hold the GPU's bytes (tests/test_memory_peak.py).
     RoPE: cos and sin (s, head_dim) in e bytes for q and for k: 4*s*hd*e per micro-batch, not per
       sequence; charged per sequence here (the planner scales every term with the micro-batch),
       which overcounts it by b for b > 1, at most 4*s*hd*e*(b-1) bytes per layer (tiny beside E).
@@ -102,7 +100,7 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     if recompute == "selective_op":  # block input + q, v, fc1/gate, (down) outputs + the kernel's output, lse
         return r * E / rep + e * E * (2 + kv / h) / t + e * F / t + (e * E if swiglu else 0) + 4 * b * a * s / t
     if norm == "rmsnorm":
-        ln = 2 * (2 * r * E + 4 * b * s) / rep  # ln1, ln2: input, x*rstd, rstd
+        ln = 2 * (r * E + 4 * b * s) / rep  # ln1, ln2: input and fp32 rstd (the fused kernel's saved set)
     else:
         ln = 2 * (r * E + 8 * b * s) / rep  # ln1, ln2 inputs + mean/rstd
     # inputs of the q/k/v and fc1 (gate, up) matmuls: one fp32 tensor each, or one 2-byte cast per matmul

@@ -10,11 +10,12 @@ children than selected ranks, as many at once as there are cores) does what harn
                                                                 pipeline split on meta, then the
                                                                 strategy's materialize()
 under FakeTensorMode, so materialising allocates nothing: every parameter, gradient and optimizer
-tensor is a fake tensor with this rank's exact local shape and dtype. Then one training step of the
-real `strategy.train_step` on this rank's real micro-batch shapes, under torch.distributed._tools'
-MemTracker, which gives the peak of tensor memory in that step.
-Model-state bytes are counted after the step by harness/worker/measure.py, as in a real run
-(params, grads and AdamW state exist then; AdamW's state is created by that step's optimizer.step()).
+tensor is a fake tensor with this rank's exact local shape and dtype. Then two training steps of the
+real `strategy.train_step` on this rank's real micro-batch shapes, under harness/worker/measure.py's
+LiveTensors, which gives the peak of the tensor storages alive, its step and phase, and what was live
+then (the first step has no optimizer state until its end; the second is every later step).
+Model-state bytes are counted after the steps by harness/worker/measure.py, as in a real run
+(params, grads and AdamW state exist then).
 If the step itself cannot run on fake tensors (reported in measured.dryrun_step_error), grads are
 set to zeros_like(param) and only the optimizer step runs, so the state bytes are still exact.
 
@@ -28,7 +29,6 @@ import json
 import os
 import socket
 import time
-import weakref
 from pathlib import Path
 
 from harness import strategies
@@ -122,7 +122,7 @@ def simulate_rank(run, dims, rank: int) -> dict:
     strategy.allocation = lambda: fake
     strategy.setup(model)
     with fake:
-        out.update(_one_step(strategy, mbs))
+        out.update(_steps(strategy, mbs))
         out["memory"] = measure.model_state_bytes(strategy.state_tensors())
     out["memory"].update(out.pop("peak", {}))
     dist.destroy_process_group()
@@ -130,89 +130,23 @@ def simulate_rank(run, dims, rank: int) -> dict:
     return out
 
 
-def _one_step(strategy, mbs) -> dict:
-    """One real train_step, counting the bytes of every tensor storage it allocates -> its peak; on
-    failure, grads by hand so the optimizer state still exists."""
+def _steps(strategy, mbs) -> dict:
+    """Two real train_steps, counting the bytes of every tensor storage they hold -> the peak. Two: the
+    first has no optimizer state until its end and makes FSDP's lazy-init copies, the second is every
+    later step. On failure, grads by hand so the optimizer state still exists."""
     import torch
 
     from harness.worker import measure
 
-    start = measure.model_state_bytes(strategy.state_tensors())["model_states_bytes"]  # params at rest
     try:
-        with PeakBytes() as tracker:
+        with measure.LiveTensors(strategy.model, strategy.state_tensors()) as tracker:
             strategy.train_step(mbs)
-        return {"peak": {"peak_mem_bytes": start + tracker.peak, "peak_mem_kind": "fake_tensor_storages"}}
+            tracker.next_step()
+            strategy.train_step(mbs)
+        live = tracker.summary()
+        return {"peak": {"peak_mem_bytes": live.pop("peak_bytes"), "peak_mem_kind": "fake_tensor_storages", **live}}
     except Exception as e:  # noqa: BLE001 - reported in the record; the state bytes still follow
         for p in strategy.model.parameters():
             p.grad = torch.zeros_like(p)
         strategy.optimizer_step()
         return {"measured": {"dryrun_step_error": f"{type(e).__name__}: {str(e)[:500]}"}}
-
-
-def _peak_bytes_mode():
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-    from torch.utils.weak import WeakIdKeyDictionary
-
-    from harness.worker import measure
-
-    class PeakBytesMode(TorchDispatchMode):
-        """Live bytes of the storages created since entry (each counted once, until it is freed) and
-        their peak. torch.distributed._tools' MemTracker/FSDPMemTracker do this with per-module
-        attribution but refuse a module that runs twice in one step ("multiple iterative calls"), i.e.
-        any gradient accumulation or pipeline schedule (torch 2.13), hence this plain counter.
-        FSDP2 frees a gathered parameter by resizing its storage to 0 bytes and gathers into it again
-        by resizing it back (UntypedStorage.resize_, which no dispatch mode sees): the counter follows
-        those resizes too, else every unit's gathered parameters would count as held to the step's end."""
-
-        def __init__(self):
-            super().__init__()
-            self.live, self.current, self.peak = WeakIdKeyDictionary(), 0, 0
-
-        def _free(self, size):
-            self.current -= size[0]
-
-        def _resized(self, st, nbytes: int) -> None:
-            size = self.live.get(st)
-            if size is None:  # created before entry: counted from its first resize on
-                self.live[st] = size = [0]
-                weakref.finalize(st, self._free, size)
-            self.current += nbytes - size[0]
-            size[0] = nbytes
-            self.peak = max(self.peak, self.current)
-
-        def __enter__(self):
-            resize, mode = torch.UntypedStorage.resize_, self
-
-            def tracked_resize(st, nbytes):
-                out = resize(st, nbytes)
-                mode._resized(st, st.nbytes())
-                return out
-
-            self._resize, torch.UntypedStorage.resize_ = resize, tracked_resize
-            return super().__enter__()
-
-        def __exit__(self, *exc):
-            torch.UntypedStorage.resize_ = self._resize
-            return super().__exit__(*exc)
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if not isinstance(t, torch.Tensor):
-                    continue
-                st = measure.local_tensor(t).untyped_storage()
-                if st in self.live:
-                    continue
-                self.live[st] = size = [st.nbytes()]
-                self.current += size[0]
-                weakref.finalize(st, self._free, size)
-                self.peak = max(self.peak, self.current)
-            return out
-
-    return PeakBytesMode
-
-
-def PeakBytes():
-    return _peak_bytes_mode()()

@@ -11,7 +11,7 @@ from harness.costmodel import activations as act
 from harness.dims import ConfigError
 from harness.run.record import run_id
 from harness.validate import MODEL_OPTIONS, validate
-from launch.dryrun import PeakBytes
+from harness.worker.measure import LiveTensors
 from models.gpt import LOSSES, build_model, chunked_cross_entropy, cross_entropy, loss_function
 
 
@@ -70,7 +70,7 @@ def test_the_loss_holds_the_bytes_the_cost_model_counts(dtype, loss, chunk):
     leaf = torch.randn(b, s, V).to(dtype).requires_grad_()
     targets = torch.randint(0, V, (b, s))
     f = cross_entropy if loss == "fp32" else (lambda x, y: chunked_cross_entropy(x, y, chunk))
-    with PeakBytes() as mode:
+    with LiveTensors() as mode:
         logits = leaf * 1  # the head's output: allocated here, as in the model's forward
         out = f(logits, targets)
         del logits  # Strategy.forward_loss returns the loss only

@@ -9,7 +9,7 @@ import torch
 from harness.config import compose_run
 from harness.costmodel.activations import brigade_layer_bytes
 from harness.costmodel.params import kv_dim
-from launch.dryrun import PeakBytes
+from harness.worker.measure import LiveTensors
 from models.gpt import Block
 from tests.helpers import run
 
@@ -51,7 +51,7 @@ def test_the_peak_counter_follows_storage_resizes():
     """FSDP2 frees a gathered unit by resizing its storage to 0 and gathers into it again by resizing
     it back: two units gathered one after the other peak at one unit, not two."""
     n = 1 << 20
-    with PeakBytes() as tracker:
+    with LiveTensors() as tracker:
         a = torch.empty(n, dtype=torch.uint8)
         a.untyped_storage().resize_(0)
         b = torch.empty(n, dtype=torch.uint8)

@@ -2,8 +2,9 @@
 
 Only memory exists in a dry run: per simulated rank the exact local bytes of params, grads and
 optimizer state (fake tensors of the real local shapes) and the peak of tensor memory in one training
-step under torch's memory tracker. Figures are max over the simulated ranks, plus per-rank lists in
-the order of `dryrun_ranks` (the global ranks simulated; not every rank of the world).
+step (LiveTensors). Figures are max over the simulated ranks, plus per-rank lists in the order of
+`dryrun_ranks` (the global ranks simulated; not every rank of the world); the peak's phase and what was
+live then are the worst rank's (`peak_rank`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def aggregate_dryrun(run, dims, measurement: dict) -> dict:
         if any(v is not None for v in per_rank):
             out[key] = max(v for v in per_rank if v is not None)
             out[f"{key}_per_rank"] = per_rank
+    peaks = [r for r in ranks if r["memory"].get("peak_mem_bytes") is not None]
+    if peaks:  # what the worst simulated rank held at its peak, and when (harness/worker/measure.py LiveTensors)
+        worst = max(peaks, key=lambda r: r["memory"]["peak_mem_bytes"])
+        out["peak_rank"] = worst["rank"]
+        out.update({k: worst["memory"][k] for k in ("peak_step", "peak_phase", "peak_op", "peak_live_by_kind") if k in worst["memory"]})
     kinds = {r["memory"].get("peak_mem_kind") for r in ranks} - {None}
     out["peak_mem_kind"] = kinds.pop() if len(kinds) == 1 else None
     errors = {r["rank"]: r["measured"]["dryrun_step_error"] for r in ranks if "dryrun_step_error" in r.get("measured", {})}

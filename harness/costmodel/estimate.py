@@ -46,6 +46,8 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "transient_bytes": peak.transient_bytes,
         "allocator_bytes": peak.allocator_bytes,
         "peak_mem_bytes": peak.peak_bytes,
+        "peak_mem_phase": peak.phase,  # loss | end of backward (memory_peak.py)
+        "grads_at_peak_bytes": peak.grads_bytes,
         "compute_time_s": ct.compute_s,
         "matmul_time_s": ct.matmul_s,
         "memory_bound_time_s": ct.compute_s - ct.matmul_s,

@@ -1,14 +1,23 @@
 """Peak device memory of the worst rank for one micro-batching and checkpointing mode.
 
-    peak = model states (memory.py) + persistent communication buffers + unsharded FSDP state held
-           across passes + activations in flight (activations.py) + the largest transient
+    peak = model states at the peak (memory.py) + persistent communication buffers + unsharded FSDP
+           state held across passes + max(the loss phase, the end of backward)
          + the allocator's overhead on all of it (a named fraction of the profile; 0 where unmeasured)
+    loss phase       activations in flight (activations.py) + the largest transient, with last step's
+                     gradients only where they live then (below)
+    end of backward  the gradients + FSDP's gathered units
+Gradients: every torch strategy frees them at the step's start (zero_grad(set_to_none)) and backward
+makes them again, so at the loss of the step's only micro-batch none exist; they do with gradient
+accumulation (m > 1), in a pipeline that runs backward before its last forward (1F1B and the
+interleaved ones), and in DeepSpeed, whose gradient partitions are the engine's buffers.
 Transients: the loss's gradients (and chunked's fp32 chunk buffer) at the loss; an FSDP unit's
 gathered params, the prefetched next unit's and its unsharded grads (3 units); one block's
 activations while full recompute reruns it.
-FSDP accumulation: fsdp_accumulate=unsharded keeps every block's grads unsharded (and, resharding
-after forward, its params gathered) between micro-batches; sharded reduce-scatters each micro-batch's
-grads and reshards, so nothing is held between micro-batches.
+FSDP: the root unit (embeddings, final norm, head) keeps its params gathered from forward to backward
+(harness/strategies/fsdp.py, reshard_after_forward=None for the root). Accumulation:
+fsdp_accumulate=unsharded keeps every block's grads unsharded (and, resharding after forward, its
+params gathered) between micro-batches; sharded reduce-scatters each micro-batch's grads and
+reshards, so nothing is held between micro-batches.
 """
 from __future__ import annotations
 
@@ -16,7 +25,7 @@ from dataclasses import dataclass
 
 from harness import catalog
 from harness.costmodel import activations as act
-from harness.costmodel import ds_zero3
+from harness.costmodel import ds_zero3, params
 from harness.costmodel import memory as mem
 
 
@@ -28,11 +37,14 @@ class MemoryPeak:
     fsdp_unsharded_bytes: float
     transient_bytes: float
     allocator_bytes: float
+    grads_bytes: float = 0.0  # the gradients alive at the peak (module docstring)
+    phase: str = "loss"  # loss | end of backward
 
     @property
     def peak_bytes(self) -> float:
-        return (self.rank.model_states_bytes + self.comm_buffer_bytes + self.fsdp_unsharded_bytes
-                + self.activations_bytes + self.transient_bytes + self.allocator_bytes)
+        r = self.rank
+        return (r.model_states_bytes - r.grads_bytes + self.grads_bytes + self.comm_buffer_bytes
+                + self.fsdp_unsharded_bytes + self.activations_bytes + self.transient_bytes + self.allocator_bytes)
 
 
 def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str) -> float:
@@ -49,7 +61,9 @@ def fsdp_held_bytes(lo, rank, m: int) -> float:
     if st.family != "sharded" or lo.place.dp <= 1:
         return 0.0
     full = lo.per_token.unsharded_elem_bytes * rank.numel
-    held = 0.0 if st.reshard_after_forward else full - rank.params_bytes  # zero2: forward to backward
+    root = rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
+    # zero2: every unit forward to backward; else the root unit
+    held = lo.per_token.unsharded_elem_bytes * root if st.reshard_after_forward else full - rank.params_bytes
     if m > 1 and st.fsdp_accumulate != "sharded":
         held += (full - rank.grads_bytes) + ((full - rank.params_bytes) if st.reshard_after_forward else 0)
     return held
@@ -82,5 +96,21 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
                if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed") else 0)
     held = fsdp_held_bytes(lo, worst, m)
     transient = transient_bytes(lo, worst, mb, ckpt)
-    tensors = worst.model_states_bytes + buffers + held + worst_acts + transient
-    return MemoryPeak(worst, worst_acts, buffers, held, transient, lo.hw.allocator_overhead * tensors)
+    grads = worst.grads_bytes if grads_live_at_loss(lo, m) else 0.0
+    loss_phase = grads + worst_acts + transient
+    backward_end = worst.grads_bytes + (3 * lo.fsdp_block_bytes if st.family == "sharded" and lo.place.dp > 1 else 0)
+    if backward_end > loss_phase:
+        peak = MemoryPeak(worst, 0.0, buffers, held, backward_end - worst.grads_bytes, 0.0, worst.grads_bytes,
+                          "end of backward")
+    else:
+        peak = MemoryPeak(worst, worst_acts, buffers, held, transient, 0.0, grads, "loss")
+    peak.allocator_bytes = lo.hw.allocator_overhead * peak.peak_bytes
+    return peak
+
+
+def grads_live_at_loss(lo, m: int) -> bool:
+    """Whether gradients exist at the loss phase's peak (module docstring)."""
+    if lo.strategy.family == "deepspeed" or m > 1:
+        return True
+    pl = lo.place
+    return pl.pp > 1 and catalog.schedule(lo.strategy.schedule).in_flight != "all"

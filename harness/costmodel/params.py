@@ -153,6 +153,12 @@ def block_tensors(shape: tuple, tp: int, ep: int) -> list[tuple[int, int, int, s
     return out
 
 
+@lru_cache(maxsize=4096)
+def local_block_numel(shape: tuple, tp: int, ep: int) -> int:
+    """Parameters of one block on one (tp, ep) rank, experts as they are sharded."""
+    return numel(block_tensors(shape, tp, ep))
+
+
 def block_numel(shape: tuple, tp: int = 1) -> int:
     """Parameters of one block on one tp rank, a MoE block counted as its dense twin (one MLP)."""
     return numel(block_tensors(shape[:6] + (0,) + shape[7:], tp, 1))

@@ -9,10 +9,15 @@ from __future__ import annotations
 import json
 import resource
 import time
+import weakref
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from harness.collect import trace_analysis
 from harness.dims import COMM_AXES
@@ -47,6 +52,125 @@ def tensor_bytes(tensors) -> int:
         seen.add(key)
         total += t.numel() * t.element_size()
     return total
+
+
+# What a storage is counted as, by the phase that created it (LiveTensors): after the model's forward
+# comes the loss (on a pipeline's last stage; elsewhere the stage's send)
+KIND_OF_PHASE = {"forward": "forward", "after": "loss", "backward": "backward", "optimizer": "optimizer"}
+
+
+class LiveTensors(TorchDispatchMode):
+    """The live bytes of the tensor storages a step creates, their peak, and what was live at the peak.
+
+    One accounting for a dry run (fake tensors, launch/dryrun.py) and a real run (its first step,
+    harness/worker/loop.py): every storage an operator creates counts from its creation until it is
+    freed, each once. FSDP2 frees a gathered parameter by resizing its storage to 0 bytes and gathers
+    into it again by resizing it back (UntypedStorage.resize_, which no dispatch mode sees): the counter
+    follows those resizes too. torch.distributed._tools' MemTracker attributes per module but refuses a
+    module that runs twice in one step (any gradient accumulation or pipeline schedule, torch 2.13).
+
+    At the peak it keeps the step's phase (the module whose forward or backward ran last, the loss
+    after the model's forward, or the optimizer) and the operator that allocated the peak's last
+    storage, and the live bytes by the phase that created them: `forward` (activations, and the
+    model's temporaries; a recomputed block's too), `loss` (what the loss made after the model's forward),
+    `backward` (gradients and backward's temporaries), `optimizer` (its state,
+    created by the first step) and `gathered` (storages resized back: FSDP's unsharded parameters).
+    Model states that exist before the step count as `at_rest` until they are freed; other storages
+    made before entry (DDP's buckets, the batch) are not counted."""
+
+    def __init__(self, model=None, resident: dict | None = None):
+        super().__init__()
+        self.live, self.current, self.peak = WeakIdKeyDictionary(), 0, 0
+        self.by_kind: dict[str, int] = {}
+        self.peak_at: dict = {}
+        self.phase, self.step = "step start", 1
+        self.names = {id(m): n or "model" for n, m in model.named_modules()} if model is not None else {}
+        # The model states that exist before the step (Strategy.state_tensors(): params, grads, optimizer
+        # state), counted as `at_rest` until freed: zero_grad(set_to_none) frees last step's grads.
+        for tensors in (resident or {}).values():
+            for t in tensors:
+                t = local_tensor(t)
+                if t is None or t.device.type == "meta":
+                    continue
+                st = t.untyped_storage()
+                if st not in self.live:
+                    self.live[st] = slot = [st.nbytes(), "at_rest"]
+                    weakref.finalize(st, self._free, slot)
+                    self._count("at_rest", slot[0], "at rest")
+
+    def next_step(self) -> None:
+        """The next step begins (a peak then says which step it was in)."""
+        self.step += 1
+        self.phase = "step start"
+
+    def _count(self, kind: str, delta: int, op: str) -> None:
+        self.current += delta
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + delta
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_at = {"step": self.step, "phase": self.phase, "op": op, "live_by_kind": dict(self.by_kind)}
+
+    def _free(self, slot):
+        self._count(slot[1], -slot[0], "free")
+
+    def _resized(self, st, nbytes: int) -> None:
+        slot = self.live.get(st)
+        if slot is None:  # created before entry: counted from its first resize on
+            self.live[st] = slot = [0, "gathered"]
+            weakref.finalize(st, self._free, slot)
+        delta, slot[0] = nbytes - slot[0], nbytes
+        self._count(slot[1], delta, "resize_")
+
+    def _hook(self, label: str):
+        def hook(module, *_):
+            if id(module) in self.names:
+                self.phase = f"{label} {self.names[id(module)]}"
+        return hook
+
+    def __enter__(self):
+        resize, mode = torch.UntypedStorage.resize_, self
+
+        def tracked_resize(st, nbytes):
+            out = resize(st, nbytes)
+            mode._resized(st, st.nbytes())
+            return out
+
+        self._resize, torch.UntypedStorage.resize_ = resize, tracked_resize
+        hooks = torch.nn.modules.module
+        root = self.names and next(iter(self.names))
+        after = self._hook("after forward of")
+        self._handles = [
+            hooks.register_module_forward_pre_hook(self._hook("forward")),
+            hooks.register_module_forward_hook(lambda m, *a: after(m) if id(m) == root else None),
+            hooks.register_module_full_backward_pre_hook(self._hook("backward")),
+            register_optimizer_step_pre_hook(lambda *_: setattr(self, "phase", "optimizer"))]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        for h in self._handles:
+            h.remove()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        kind = KIND_OF_PHASE.get(self.phase.split()[0], "forward")
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = local_tensor(t).untyped_storage()
+            if st in self.live:
+                continue
+            self.live[st] = slot = [st.nbytes(), kind]
+            weakref.finalize(st, self._free, slot)
+            self._count(kind, slot[0], str(func))
+        return out
+
+    def summary(self) -> dict:
+        """The peak, when it came and what was live then."""
+        at = self.peak_at
+        return {"peak_bytes": self.peak, "peak_step": at.get("step"), "peak_phase": at.get("phase"),
+                "peak_op": at.get("op"), "peak_live_by_kind": {k: v for k, v in at.get("live_by_kind", {}).items() if v}}
 
 
 def model_state_bytes(state: dict[str, list]) -> dict[str, int]:

@@ -133,6 +133,7 @@ class WorkloadConfig:
     steps: int = 10  # timed steps (statistics need at least 10)
     profile_steps: int = 2  # profiled steps, after and apart from the timed ones (0 = none)
     compile: bool = False  # torch.compile the trained model (nn.Module.compile, after the strategy's setup)
+    live_tensors: bool = False  # count the storages alive through warm-up steps 1 and 2, as a dry run does (measured.live_peak_*)
     seed: int = 1234  # seeds the model's initialisation and the synthetic data (harness/worker/loop.py)
     lr: float = 1e-3  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW weight decay

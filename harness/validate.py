@@ -113,6 +113,8 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
         _validate_selective_op(run, dims)
     if w.steps < 1 or w.warmup_steps < 0:
         raise ConfigError(f"steps {w.steps} must be >= 1 and warmup_steps {w.warmup_steps} >= 0")
+    if w.live_tensors and w.warmup_steps < 2 and run.launcher.name != "dryrun":
+        raise ConfigError(f"workload.live_tensors counts warm-up steps 1 and 2: warmup_steps {w.warmup_steps} must be >= 2")
 
     validate_layouts(run, dims, torch_runs)
     if s.comm_hook not in ("none", "fp16", "bf16", "powersgd"):

@@ -58,6 +58,12 @@ def aggregate(run, dims, measurement: dict) -> dict:
         if per_rank:
             out[key], out[f"{key}_per_rank"] = max(per_rank), per_rank
     out["peak_mem_kind"] = ranks[0]["memory"].get("peak_mem_kind")
+    live = [r for r in ranks if "live_peak_bytes" in r["memory"]]
+    if live:  # workload.live_tensors: the worst rank's live-storage peak and what was live then, per-rank peaks
+        worst = max(live, key=lambda r: r["memory"]["live_peak_bytes"])
+        out.update({k: v for k, v in worst["memory"].items() if k.startswith("live_peak_")})
+        out["live_peak_rank"] = worst["rank"]
+        out["live_peak_bytes_per_rank"] = [r["memory"].get("live_peak_bytes") for r in ranks]
     out["losses"] = ranks[0]["losses"]
     out["warmup_steps"] = run.workload.warmup_steps
     out["num_microbatches"] = measurement["num_microbatches"]

@@ -25,7 +25,7 @@ def aggregate_dryrun(run, dims, measurement: dict) -> dict:
     if peaks:  # what the worst simulated rank held at its peak, and when (harness/worker/measure.py LiveTensors)
         worst = max(peaks, key=lambda r: r["memory"]["peak_mem_bytes"])
         out["peak_rank"] = worst["rank"]
-        out.update({k: worst["memory"][k] for k in ("peak_step", "peak_phase", "peak_op", "peak_live_by_kind") if k in worst["memory"]})
+        out.update({k: worst["memory"][k] for k in ("peak_step", "peak_phase", "peak_op", "peak_live_by_kind", "peak_live_by_op") if k in worst["memory"]})
     kinds = {r["memory"].get("peak_mem_kind") for r in ranks} - {None}
     out["peak_mem_kind"] = kinds.pop() if len(kinds) == 1 else None
     errors = {r["rank"]: r["measured"]["dryrun_step_error"] for r in ranks if "dryrun_step_error" in r.get("measured", {})}

@@ -24,13 +24,21 @@ def run_steps(strategy, run, dims, num_microbatches: int, device, progress=None,
     losses, step_times, states = [], [], None
 
     measure.reset_peak_memory(device)
+    # workload.live_tensors: the first two warm-up steps under the dry run's live-storage counter
+    # (validate.py asks for two warm-up steps), so a real run's peak compares with a dry run's
+    live = measure.LiveTensors(strategy.model, strategy.state_tensors()) if w.live_tensors else None
     for step in range(total):
         mbs = batch(step)  # built outside the timed region
         dist.barrier()  # start every rank's step together
         for h in hooks:
             h.before_step(step)
-        with clock:
-            loss = strategy.train_step(mbs)
+        if live is not None and step < 2:
+            with live:
+                loss = strategy.train_step(mbs)
+            live.next_step()
+        else:
+            with clock:
+                loss = strategy.train_step(mbs)
         for h in hooks:
             h.after_step(step)
         losses.append(loss.detach().float().reshape(()) if loss is not None else None)
@@ -44,9 +52,10 @@ def run_steps(strategy, run, dims, num_microbatches: int, device, progress=None,
     profile = {}
     for h in hooks:  # e.g. the profiler window (issue: measurement), after and apart from timing
         profile.update(h.finish(strategy, batch, total) or {})
+    live_peak = {f"live_{k}": v for k, v in live.summary().items()} if live is not None else {}
     return {"losses": _global_losses(strategy, losses, device), "step_times": step_times,
-            "memory": {**states, **measure.peak_memory(device)}, "measured": strategy.extra_measurements(),
-            **profile}
+            "memory": {**states, **measure.peak_memory(device), **live_peak},
+            "measured": strategy.extra_measurements(), **profile}
 
 
 def _global_losses(strategy, losses, device) -> list[float]:

@@ -56,6 +56,7 @@ def tensor_bytes(tensors) -> int:
 
 # What a storage is counted as, by the phase that created it (LiveTensors): after the model's forward
 # comes the loss (on a pipeline's last stage; elsewhere the stage's send)
+TOP_OPS = 12  # the operators whose storages hold most at the peak, kept in the record
 KIND_OF_PHASE = {"forward": "forward", "after": "loss", "backward": "backward", "optimizer": "optimizer"}
 
 
@@ -74,7 +75,8 @@ class LiveTensors(TorchDispatchMode):
     storage, and the live bytes by the phase that created them: `forward` (activations, and the
     model's temporaries; a recomputed block's too), `loss` (what the loss made after the model's forward),
     `backward` (gradients and backward's temporaries), `optimizer` (its state,
-    created by the first step) and `gathered` (storages resized back: FSDP's unsharded parameters).
+    created by the first step) and `gathered` (storages resized back: FSDP's unsharded parameters), and
+    by the operator that made them (the TOP_OPS largest).
     Model states that exist before the step count as `at_rest` until they are freed; other storages
     made before entry (DDP's buckets, the batch) are not counted."""
 
@@ -82,6 +84,7 @@ class LiveTensors(TorchDispatchMode):
         super().__init__()
         self.live, self.current, self.peak = WeakIdKeyDictionary(), 0, 0
         self.by_kind: dict[str, int] = {}
+        self.by_op: dict[str, int] = {}
         self.peak_at: dict = {}
         self.phase, self.step = "step start", 1
         self.names = {id(m): n or "model" for n, m in model.named_modules()} if model is not None else {}
@@ -94,32 +97,36 @@ class LiveTensors(TorchDispatchMode):
                     continue
                 st = t.untyped_storage()
                 if st not in self.live:
-                    self.live[st] = slot = [st.nbytes(), "at_rest"]
+                    self.live[st] = slot = [0, "at_rest", "at rest"]
                     weakref.finalize(st, self._free, slot)
-                    self._count("at_rest", slot[0], "at rest")
+                    slot[0] = st.nbytes()
+                    self._count(slot, slot[0], "at rest")
 
     def next_step(self) -> None:
         """The next step begins (a peak then says which step it was in)."""
         self.step += 1
         self.phase = "step start"
 
-    def _count(self, kind: str, delta: int, op: str) -> None:
+    def _count(self, slot: list, delta: int, op: str) -> None:
+        """slot: [bytes, kind, the operator that made the storage]; op: what changed it now."""
         self.current += delta
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + delta
+        self.by_kind[slot[1]] = self.by_kind.get(slot[1], 0) + delta
+        self.by_op[slot[2]] = self.by_op.get(slot[2], 0) + delta
         if self.current > self.peak:
             self.peak = self.current
-            self.peak_at = {"step": self.step, "phase": self.phase, "op": op, "live_by_kind": dict(self.by_kind)}
+            self.peak_at = {"step": self.step, "phase": self.phase, "op": op, "live_by_kind": dict(self.by_kind),
+                            "live_by_op": dict(self.by_op)}
 
     def _free(self, slot):
-        self._count(slot[1], -slot[0], "free")
+        self._count(slot, -slot[0], "free")
 
     def _resized(self, st, nbytes: int) -> None:
         slot = self.live.get(st)
         if slot is None:  # created before entry: counted from its first resize on
-            self.live[st] = slot = [0, "gathered"]
+            self.live[st] = slot = [0, "gathered", "resize_"]
             weakref.finalize(st, self._free, slot)
         delta, slot[0] = nbytes - slot[0], nbytes
-        self._count(slot[1], delta, "resize_")
+        self._count(slot, delta, "resize_")
 
     def _hook(self, label: str):
         def hook(module, *_):
@@ -142,14 +149,24 @@ class LiveTensors(TorchDispatchMode):
         self._handles = [
             hooks.register_module_forward_pre_hook(self._hook("forward")),
             hooks.register_module_forward_hook(lambda m, *a: after(m) if id(m) == root else None),
-            hooks.register_module_full_backward_pre_hook(self._hook("backward")),
             register_optimizer_step_pre_hook(lambda *_: setattr(self, "phase", "optimizer"))]
+        # Backward: a saved tensor carries the phase it was saved in; unpacking it in backward names the
+        # module whose backward runs. (Global module backward hooks would wrap every module's output and
+        # break torch's split backward of the zero-bubble pipeline schedules.)
+        self._saved = torch.autograd.graph.saved_tensors_hooks(lambda t: (t, self.phase), self._unpack)
+        self._saved.__enter__()
         return super().__enter__()
+
+    def _unpack(self, packed):
+        t, phase = packed
+        self.phase = "backward" + phase.removeprefix("forward") if phase.startswith("forward") else "backward"
+        return t
 
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._resize
         for h in self._handles:
             h.remove()
+        self._saved.__exit__(*exc)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -161,16 +178,19 @@ class LiveTensors(TorchDispatchMode):
             st = local_tensor(t).untyped_storage()
             if st in self.live:
                 continue
-            self.live[st] = slot = [st.nbytes(), kind]
+            op = str(func).removesuffix(".default")
+            self.live[st] = slot = [st.nbytes(), kind, op]
             weakref.finalize(st, self._free, slot)
-            self._count(kind, slot[0], str(func))
+            self._count(slot, slot[0], op)
         return out
 
     def summary(self) -> dict:
         """The peak, when it came and what was live then."""
         at = self.peak_at
         return {"peak_bytes": self.peak, "peak_step": at.get("step"), "peak_phase": at.get("phase"),
-                "peak_op": at.get("op"), "peak_live_by_kind": {k: v for k, v in at.get("live_by_kind", {}).items() if v}}
+                "peak_op": at.get("op"), "peak_live_by_kind": {k: v for k, v in at.get("live_by_kind", {}).items() if v},
+                "peak_live_by_op": dict(sorted(((k, v) for k, v in at.get("live_by_op", {}).items() if v),
+                                               key=lambda kv: -kv[1])[:TOP_OPS])}
 
 
 def model_state_bytes(state: dict[str, list]) -> dict[str, int]:

@@ -3,8 +3,9 @@
     peak = model states at the peak (memory.py) + persistent communication buffers + unsharded FSDP
            state held across passes + max(the loss phase, the end of backward)
          + the allocator's overhead on all of it (a named fraction of the profile; 0 where unmeasured)
-    loss phase       activations in flight (activations.py) + the largest transient, with last step's
-                     gradients only where they live then (below)
+    loss phase       activations in flight (activations.py), autocast's bf16 weight copies (one set per
+                     micro-batch in flight) + the largest transient, with last step's gradients only
+                     where they live then (below)
     end of backward  the gradients + FSDP's gathered units
 Gradients: every torch strategy frees them at the step's start (zero_grad(set_to_none)) and backward
 makes them again, so at the loss of the step's only micro-batch none exist; they do with gradient
@@ -97,6 +98,7 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     held = fsdp_held_bytes(lo, worst, m)
     transient = transient_bytes(lo, worst, mb, ckpt)
     grads = worst.grads_bytes if grads_live_at_loss(lo, m) else 0.0
+    worst_acts += autocast_copies_bytes(lo, worst, m)
     loss_phase = grads + worst_acts + transient
     backward_end = worst.grads_bytes + (3 * lo.fsdp_block_bytes if st.family == "sharded" and lo.place.dp > 1 else 0)
     if backward_end > loss_phase:
@@ -106,6 +108,19 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
         peak = MemoryPeak(worst, worst_acts, buffers, held, transient, 0.0, grads, "loss")
     peak.allocator_bytes = lo.hw.allocator_overhead * peak.peak_bytes
     return peak
+
+
+def autocast_copies_bytes(lo, rank, m: int) -> float:
+    """autocast's 2-byte copy of every matmul weight, saved for backward by the matmul that used it: one
+    set per micro-batch in flight (tests/test_memory_peak.py counts them on one block; a dry run of a
+    pipeline stage holds one set per micro-batch in flight). None where the engine casts the params."""
+    if not lo.strategy.autocast or lo.precision == "fp32":
+        return 0.0
+    md, pl = lo.model, lo.place
+    weights = rank.layers * params.local_block_numel(md.shape, pl.tp, pl.ep)
+    if rank.last and not md.shape[12]:  # an untied head's weight (a tied one is the embedding's, not cast)
+        weights += md.V * md.h / pl.tp
+    return 2 * weights * (act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0)
 
 
 def grads_live_at_loss(lo, m: int) -> bool:

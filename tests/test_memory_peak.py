@@ -42,7 +42,7 @@ def test_a_llama_block_saves_what_the_cost_model_counts(param_dtype, autocast):
                                    autocast=autocast or precision == "fp32", kv=kv_dim(m), mlp="swiglu",
                                    norm="rmsnorm", rope=True)
     if autocast:  # autocast's bf16 copy of every matmul weight, saved for backward: held per micro-batch in
-        # flight from forward to backward, a term memory_peak.py does not count yet
+        # flight from forward to backward (memory_peak.autocast_copies_bytes, not a per-layer activation)
         expected += 2 * sum(mod.weight.numel() for mod in block.modules() if isinstance(mod, torch.nn.Linear))
     assert sum(saved.values()) == expected
 

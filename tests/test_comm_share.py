@@ -169,7 +169,7 @@ def test_comm_share_matches_known_answers(tmp_path):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    from harness.worker.leave import leave
+    from harness.worker.main import leave
 
     _worker(sys.argv[1])
-    leave()  # a torchrun rank like the worker's (harness/worker/leave.py)
+    leave()  # a torchrun rank like the worker's (harness/worker/main.py leave)

@@ -23,7 +23,6 @@ from typing import NamedTuple
 from harness.costmodel import comm
 from harness.costmodel.comm import IN_STEP
 from harness.tools.device_timing import run_for, sync, timed_calls
-from harness.worker.leave import leave
 
 # Imports inside functions: torch and what imports it, which the parent process never loads.
 
@@ -266,6 +265,8 @@ def _overlap(torch, device, n: int) -> dict:
 
 
 if __name__ == "__main__":
+    from harness.worker.main import leave  # the rank's exit; the parent process never imports the worker
+
     worker(sys.argv[1], [int(x) for x in sys.argv[2].split(",")], float(sys.argv[3]), sys.argv[4],
            sys.argv[5] if len(sys.argv) > 5 else "gloo")
-    leave()  # written and destroyed: no teardown beside gloo's threads (harness/worker/leave.py)
+    leave()  # written and destroyed: no teardown beside gloo's threads (harness/worker/main.py leave)

@@ -33,7 +33,6 @@ import yaml
 from harness.config import CONF_DIR, compose_run
 from harness.costmodel import comm
 from harness.tools.calibrate_collectives import Team, _Progress, _time_team
-from harness.worker.leave import leave
 
 # Imports inside functions: torch and what imports it, which the parent process never loads; launch.slurm,
 # which only a SLURM allocation needs.
@@ -145,9 +144,11 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from harness.worker.main import leave  # the rank's exit; the parent process never imports the worker
+
     if sys.argv[1:2] == ["--worker"]:
         out, sizes, budget, backend = sys.argv[2:6]
         worker(out, [int(s) for s in sizes.split(",")], float(budget), backend)
-        leave()  # written and destroyed: no teardown beside gloo's threads (harness/worker/leave.py)
+        leave()  # written and destroyed: no teardown beside gloo's threads (harness/worker/main.py leave)
     else:
         sys.exit(main(sys.argv[1:]))

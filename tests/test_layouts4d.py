@@ -49,6 +49,38 @@ def test_context_parallel_splits_the_sequence(results, single_reference):
     assert calls["all_gather"]["count"] == calls["reduce_scatter"]["count"] == 2 * layers * micro
 
 
+def test_cp_attention_hands_sdpa_one_mask_bias_for_every_layer():
+    """Given cp's boolean mask, SDPA converts it on every call (aten.where) and keeps that (2c, T) copy
+    for backward: one per layer. The cp attention hands it an additive bias made once per dtype instead:
+    the same attention, no copy per call."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harness.strategies.cp import ContextParallelAttention
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    core = ContextParallelAttention(None, seq_len=16, cp=2, cp_rank=1, device="cpu")
+    q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 16, 4), torch.randn(1, 2, 16, 4)
+    assert core.bias(torch.float32) is core.bias(torch.float32)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=core.bias(q.dtype)),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=core.mask))
+    with Ops() as with_bias:
+        for _ in range(2):  # two layers
+            F.scaled_dot_product_attention(q, k, v, attn_mask=core.bias(q.dtype))
+    with Ops() as with_mask:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=core.mask)
+    assert "where.self" not in with_bias.names and "where.self" in with_mask.names
+
+
 @pytest.mark.heavy  # world 8; CI: cp in tests/test_grad_parity.py[3d_cp2] and test_context_parallel_splits_the_sequence
 def test_context_parallel_with_tp_and_pp_and_fsdp(results, single_reference):
     rec = run(["strategy=3d", "parallel.cp=2", "parallel.tp=2", "parallel.pp=2", *PROFILED], results)

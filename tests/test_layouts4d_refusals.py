@@ -101,8 +101,9 @@ def test_costmodel_hsdp_and_cp_terms(tmp_path):
     assert hsdp["comm_dp_replicate_bytes"] == pytest.approx(2 * (2 - 1) / 2 * hsdp["grads_bytes"])
     one = _predict(tmp_path, "strategy=single")
     cp2 = _predict(tmp_path, "strategy=3d", "parallel.cp=2")
-    # cp 2: FSDP over the 2 cp ranks; half the activations; K/V traffic per layer and micro-batch
-    assert cp2["model_states_bytes"] == fsdp2["model_states_bytes"]
-    assert cp2["activations_bytes"] == pytest.approx(one["activations_bytes"] / 2)
+    # cp 2: FSDP over the 2 cp ranks; half the activations plus the mask's (s/2, s) fp32 bias, held once;
+    # K/V traffic per layer and micro-batch
     b, s, h, layers, micro = 2, 64, 128, 4, 4
+    assert cp2["model_states_bytes"] == fsdp2["model_states_bytes"]
+    assert cp2["activations_bytes"] == pytest.approx(one["activations_bytes"] / 2 + (s // 2) * s * 4)
     assert cp2["comm_cp_bytes"] == pytest.approx(micro * layers * 4 * (2 - 1) * b * (s // 2) * h * 4)

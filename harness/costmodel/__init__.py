@@ -43,12 +43,14 @@ def predict(run, dims) -> dict:
     m = num_microbatches(run, dims)
     hw, st = Hardware.of(run.hardware), Strategy.of(run.strategy)
 
-    def at(dp: int) -> dict:  # the base estimate at data degree dp (HSDP, cp: harness/costmodel/layouts4d.py)
-        return evaluate(Model.of(run.model), hw, st, dp, dims.tp, dims.pp, dims.vpp, dims.ep, w.micro_batch_size, m,
+    def at(dp: int, mb: float = w.micro_batch_size) -> dict:  # the base estimate at data degree dp (HSDP, cp:
+        # harness/costmodel/layouts4d.py)
+        return evaluate(Model.of(run.model), hw, st, dp, dims.tp, dims.pp, dims.vpp, dims.ep, mb, m,
                         w.precision, w.activation_checkpointing, nodes=run.launcher.nodes, detail=True,
                         weight_decay=w.weight_decay)
     out = at(layouts4d.base_data_degree(dims, False))
     shard = at(layouts4d.base_data_degree(dims, True)) if dims.dp_replicate > 1 else None
-    out = layouts4d.adjust(out, shard, run.model, w, run.strategy.fsdp_accumulate, dims, hw, m)
+    local = at(layouts4d.base_data_degree(dims, dims.dp_replicate > 1), w.micro_batch_size / dims.cp) if dims.cp > 1 else None
+    out = layouts4d.adjust(out, shard, run.model, w, run.strategy.fsdp_accumulate, dims, hw, m, local)
     out["hardware"] = run.hardware.name
     return out

@@ -6,9 +6,14 @@ How a layout maps onto the base estimate (per rank, exact where the base is exac
     so model states and dp traffic are the base's at data degree dp * cp;
   - HSDP shards over dp_shard (x cp): states and the shard group's all-gathers / reduce-scatters
     are the base's at data degree dp_shard * cp; the replicas add hsdp_replicate_bytes;
-  - everything per token (FLOPs, activations, tp all-reduces, pp sends) runs on s / cp tokens of
-    each sequence: the base's figures / cp. Attention FLOPs are unchanged in total: the
-    load-balanced chunks (harness/strategies/cp.py) give every rank 1/cp of the causal work.
+  - everything per token (FLOPs, tp all-reduces, pp sends) runs on s / cp tokens of each sequence:
+    the base's figures / cp. Attention FLOPs are unchanged in total: the load-balanced chunks
+    (harness/strategies/cp.py) give every rank 1/cp of the causal work;
+  - memory is the base's at mb / cp sequences a micro-batch (`local`): its per-token terms
+    (activations, the logits and loss) are linear in the sequences a rank holds, and attention's keep
+    their dependence on the whole s, as a rank's queries attend to all s keys; its model states, FSDP's
+    gathered units and autocast's weight copies do not depend on tokens. Plus cp's mask, (s / cp) x s,
+    made once and shared by every layer: SDPA's additive bias in the compute dtype (else a boolean).
 Time of the added collectives: α-β (comm.time_s) on the link their placement gives (ranks of a
 group within one node: intra). HSDP's replica all-reduces overlap the backward on a GPU
 (replicate_exposed_s), exposed in full on a CPU; cp's are exposed in full, as estimate.py treats tp.
@@ -19,7 +24,7 @@ from harness.catalog import PRECISION_BYTES
 from harness.costmodel import comm
 from harness.costmodel.estimate import overlap_interference_s
 
-PER_TOKEN = ("activations_bytes", "compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
+PER_TOKEN = ("compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
              "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s", "compute_gemm_time_s", "compute_attention_time_s",
              "compute_elementwise_time_s", "compute_optimizer_time_s")
 
@@ -28,6 +33,8 @@ STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "mod
 # what HSDP's shard group holds decides the peak too (its states, FSDP's gathered units and buffers)
 MEMORY = ("fsdp_unsharded_bytes", "transient_bytes", "comm_buffer_bytes", "allocator_bytes", "peak_mem_bytes",
           "memory_headroom_bytes", "fits_in_memory")
+# what a cp rank's tokens decide (module docstring): taken from the base at mb / cp sequences
+CP_MEMORY = ("activations_bytes", "peak_mem_phase", "grads_at_peak_bytes", *MEMORY)
 
 
 def shard_rank(dims, rank: int) -> int:
@@ -80,12 +87,17 @@ def _link(hw, coll: str, n: int, stride: int, ranks_per_node: int):
     return comm.collective_link(hw, coll, n, stride, ranks_per_node)
 
 
-def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw, m: int) -> dict:
+def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw, m: int,
+           local: dict | None = None) -> dict:
     """The base prediction `out` (at data degree dp * cp) -> this layout's. `shard`: the base at
-    dp_shard * cp for HSDP (its model states and shard-group traffic), else None. `md` is the model config,
-    `w` the workload (micro_batch_size, precision, activation_checkpointing): predict passes the run's,
-    the planner its candidate's."""
+    dp_shard * cp for HSDP (its model states and shard-group traffic), else None. `local` (cp > 1): the
+    base at mb / cp sequences a micro-batch and the data degree whose states the layout holds (dp_shard
+    * cp with HSDP): its memory is a cp rank's. `md` is the model config, `w` the workload
+    (micro_batch_size, precision, activation_checkpointing): predict passes the run's, the planner its
+    candidate's."""
     cp = dims.cp
+    if cp > 1 and local is None:
+        raise ValueError("context parallel needs the base estimate at mb / cp sequences (`local`)")
     if shard is not None:  # HSDP: states and the shard group's traffic are the shard group's
         ranks = None  # rank r of the world is rank shard_rank(r) of the shard group's estimate (same rank order)
         for key in STATES + MEMORY:
@@ -121,8 +133,20 @@ def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw,
         for key in PER_TOKEN:
             if isinstance(out.get(key), (int, float)):
                 out[key] = out[key] / cp
+        # the mask, held once: SDPA's additive bias in the compute dtype, the other attentions' boolean mask
+        mask_bytes = (md.seq_len // cp) * md.seq_len * (PRECISION_BYTES[w.precision] if md.attention == "sdpa" else 1)
+        for key in CP_MEMORY:
+            if key in local:
+                out[key] = local[key]
+            if isinstance(local.get(f"{key}_per_rank"), list):
+                out[f"{key}_per_rank"] = list(local[f"{key}_per_rank"])
         if isinstance(out.get("activations_bytes_per_rank"), list):
-            out["activations_bytes_per_rank"] = [a / cp for a in out["activations_bytes_per_rank"]]
+            out["activations_bytes_per_rank"] = [a + mask_bytes for a in out["activations_bytes_per_rank"]]
+        out["activations_bytes"] += mask_bytes
+        out["allocator_bytes"] += hw.allocator_overhead * mask_bytes
+        out["peak_mem_bytes"] += (1 + hw.allocator_overhead) * mask_bytes
+        out["memory_headroom_bytes"] = hw.memory_bytes - out["peak_mem_bytes"]
+        out["fits_in_memory"] = out["peak_mem_bytes"] <= hw.memory_bytes
         saved = sum((v or 0.0) for v in old.values()) * (1 - 1 / cp)
         cp_bytes, calls = cp_comm_bytes(w.micro_batch_size, m, md.seq_len, md.d_model, dims.tp, cp,
                                         md.n_layers // dims.pp, w.precision, w.activation_checkpointing)

@@ -49,13 +49,23 @@ class ContextParallelAttention:
         q_pos = local_positions(seq_len, cp, cp_rank)
         k_pos = torch.cat([local_positions(seq_len, cp, r) for r in range(cp)])  # all-gather order
         self.mask = (k_pos[None, :] <= q_pos[:, None]).to(device)  # (2c, T): True = may attend
+        self._bias: dict = {}  # dtype -> the mask as SDPA's additive bias (0 or -inf)
+
+    def bias(self, dtype):
+        """The mask as an additive bias in the queries' dtype, made once and shared by every layer. Given
+        the boolean mask, SDPA converts it per call (aten.where) and keeps that (2c, T) copy for backward:
+        one per layer and micro-batch in flight, 2 GiB on llama3_8b at s 8192, cp 2 (its dry run)."""
+        if dtype not in self._bias:
+            self._bias[dtype] = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self._bias[dtype]
 
     def __call__(self, q, k, v, dropout_p: float, attention: str):
         # q, k, v: (B, nh_local, 2c, hs) -> k, v: (B, nh_local, T, hs)
         k = wait_tensor(all_gather_tensor_autograd(k.contiguous(), 2, self.group))
         v = wait_tensor(all_gather_tensor_autograd(v.contiguous(), 2, self.group))
         if attention == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias(q.dtype), dropout_p=dropout_p)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, 2c, T)
         att = F.dropout(att.masked_fill(~self.mask, float("-inf")).softmax(dim=-1), dropout_p)
         return att @ v

@@ -1,11 +1,14 @@
 """tp on 2 processes: parity with single with and without sequence parallel and loss parallel, the
-linear layers and the vocabulary sharded (bytes computed from the model shape), the plan covering
+linear layers and the vocabulary sharded (bytes computed from the model shape), the embedding's grad
+sharded as it reaches FSDP, the plan covering
 every module, and tp not dividing the heads refused before launch."""
 from __future__ import annotations
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+from harness.config import compose_run
 from tests.helpers import DEVICES, assert_losses_match, assert_states_as_predicted, device_overrides, run
 
 pytestmark = pytest.mark.slow
@@ -94,3 +97,59 @@ def test_sequence_parallel_refusals_show_the_arithmetic(tmp_path):
 
     assert refusal("model=tiny", "model.seq_len=63") == "sequence_parallel: seq_len 63 not divisible by tp 2"
     assert "has 8 experts" in refusal("model=moe_tiny")
+
+
+def _backward_outputs_under_tp_and_fsdp(run) -> list[tuple[str, int]]:
+    """In a forked child, rank 0 of dp2 x tp2 on the fake process group: the model under TP then FSDP
+    (as a 3d stage), one micro-batch's forward and backward without gradient sync (what the first
+    micro-batches of gradient accumulation do); returns (operator, output bytes) of backward's ops."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from harness.strategies.fsdp import apply_fsdp
+    from harness.strategies.tp import apply_tensor_parallel, register_grad_hooks
+    from harness.validate import validate
+    from harness.worker.measure import local_tensor
+    from models.gpt import build_model, materialize
+
+    dims = validate(run)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dims.world_size)
+    mesh = dims.build_mesh("cpu")
+    model = apply_fsdp(apply_tensor_parallel(build_model(run.model, device="meta"), mesh["tp"], run), mesh["dp"], run)
+    model = materialize(model, "cpu", 0)
+    register_grad_hooks(model)
+    model.set_requires_gradient_sync(False)
+    tokens = torch.randint(0, run.model.vocab_size, (1, run.model.seq_len))
+    loss = model(tokens).float().logsumexp(-1).mean()
+
+    class Outputs(TorchDispatchMode):
+        made: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.made += [(str(func), local_tensor(t).untyped_storage().nbytes())
+                          for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            return out
+
+    with Outputs() as seen:
+        loss.backward()
+    dist.destroy_process_group()
+    return seen.made
+
+
+def test_the_vocab_parallel_embeddings_grad_reaches_fsdp_as_a_shard():
+    """DTensor's embedding backward makes the vocab-sharded embedding's grad whole (V, h); brigade's
+    hook slices it back to the rank's rows as autograd produces it. Under FSDP the hook must sit on the
+    parameter the forward uses (FSDP's unsharded one): else FSDP casts the whole (V, h) grad to fp32
+    and holds it across micro-batches, 4 GiB a rank for llama3_70b (the dryrun_scale 3d rows)."""
+    from launch.fork import run_forked
+
+    run = compose_run(["model=llama_tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2",
+                       "workload.precision=bf16-mixed", "workload.global_batch_size=4", "workload.micro_batch_size=1"])
+    V, h = run.model.vocab_size, run.model.d_model
+    made = run_forked(_backward_outputs_under_tp_and_fsdp, run)
+    casts = [n for op, n in made if op.startswith("aten._to_copy")]
+    assert casts.count(V // 2 * h * 4) == 2  # FSDP's fp32 copies of this rank's rows: embedding's and head's grads
+    assert V * h * 4 not in casts  # never of the whole table

@@ -29,8 +29,7 @@ from models.tp_plan import parallel_styles
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Module:
     """Shard `model` (on meta, or on its device) over the 1-D `tp_mesh` following models/tp_plan.py.
     A no-op at tp=1, so 3D compositions call it unconditionally. Apply before activation
-    checkpointing wrappers and before FSDP/DDP on the dp axis; call `register_grad_hooks` once the
-    parameters are materialised (materialising replaces the Parameter objects)."""
+    checkpointing wrappers and before FSDP/DDP on the dp axis; then call `register_grad_hooks`."""
     if tp_mesh.size() == 1:
         return model
     from torch.distributed.tensor.parallel import parallelize_module
@@ -46,16 +45,29 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh, run) -> torch.nn.Modu
 
 
 def register_grad_hooks(model: torch.nn.Module) -> None:
-    for p in model.parameters():
-        if hasattr(p, "placements"):
+    """Give every TP parameter's gradient its parameter's placements as backward produces it
+    (_grad_like_param). The hook goes on the parameter a module's forward actually uses, at that
+    forward: under FSDP that is FSDP's unsharded parameter, not the sharded one `model.parameters()`
+    lists (which autograd never reaches), so a hook registered on the latter would never run."""
+    for module in model.modules():
+        if any(hasattr(p, "placements") for p in module.parameters(recurse=False)):
+            module.register_forward_pre_hook(_hook_used_params)
+
+
+def _hook_used_params(module, _inputs):
+    for name, _ in module.named_parameters(recurse=False):
+        p = getattr(module, name)
+        if hasattr(p, "placements") and p.requires_grad and not getattr(p, "_grad_like_param", False):
             p.register_hook(_grad_like_param(p))
+            p._grad_like_param = True  # once per parameter object (FSDP keeps its unsharded one across steps)
 
 
 def _grad_like_param(param):
     """DTensor has no vocab-sharded rule for the embedding's backward: the vocab-parallel embedding's
-    grad comes out Replicate, the full (V, h) on every rank, and would be kept so (and redistributed
-    at every optimizer step). Give every grad its parameter's placements as it is produced: for
-    Replicate -> Shard(0) a local slice, no communication; only the transient grad is full-size."""
+    grad comes out Replicate, the full (V, h) on every rank, and would be kept so: redistributed at
+    every optimizer step, or under FSDP cast to fp32 and accumulated across micro-batches whole.
+    Give every grad its parameter's placements as it is produced: for Replicate -> Shard(0) a local
+    slice, no communication; only the transient grad is full-size."""
     def hook(grad):
         if grad.placements != param.placements:
             return grad.redistribute(param.device_mesh, param.placements)

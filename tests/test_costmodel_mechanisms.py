@@ -36,6 +36,17 @@ def test_sharded_accumulation_holds_nothing_between_microbatches_and_moves_more(
     assert sharded["comm_dp_bytes"] == pytest.approx(4 * one["comm_dp_bytes"])
 
 
+def test_unsharded_accumulation_holds_the_grads_in_the_reduce_dtype():
+    """Between micro-batches FSDP2 holds each block's unsharded grads cast to its reduce dtype: fp32 under
+    bf16-mixed, so 4 bytes a parameter, 2 with comm_hook=bf16 (the 3d dry runs of dryrun_scale hold
+    them so: 16.4 GiB a rank for llama3_70b at tp8 pp2)."""
+    from harness.costmodel.params import params_total
+
+    fp32 = run(strategy("strategy=zero3"))
+    bf16 = run(strategy("strategy=zero3", "strategy.comm_hook=bf16"))
+    assert fp32["fsdp_unsharded_bytes"] - bf16["fsdp_unsharded_bytes"] == 2 * params_total(compose_run(["model=gpt_7b"]).model)
+
+
 def test_deepspeed_zero3_gathers_again_only_what_it_released():
     """DeepSpeed keeps a module's params gathered from forward to backward when the modules after it hold
     fewer than stage3_max_reuse_distance / 2 elements (harness/costmodel/ds_zero3.py)."""

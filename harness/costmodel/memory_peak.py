@@ -16,8 +16,9 @@ gathered params, the prefetched next unit's and its unsharded grads (3 units); o
 activations while full recompute reruns it.
 FSDP: the root unit (embeddings, final norm, head) keeps its params gathered from forward to backward
 (harness/strategies/fsdp.py, reshard_after_forward=None for the root). Accumulation:
-fsdp_accumulate=unsharded keeps every block's grads unsharded (and, resharding after forward, its
-params gathered) between micro-batches; sharded reduce-scatters each micro-batch's grads and
+fsdp_accumulate=unsharded keeps every block's grads unsharded in the reduce dtype (fp32 under
+bf16-mixed: twice the gathered params' bytes) and, resharding after forward, its params gathered
+between micro-batches; sharded reduce-scatters each micro-batch's grads and
 reshards, so nothing is held between micro-batches.
 """
 from __future__ import annotations
@@ -65,9 +66,17 @@ def fsdp_held_bytes(lo, rank, m: int) -> float:
     root = rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
     # zero2: every unit forward to backward; else the root unit
     held = lo.per_token.unsharded_elem_bytes * root if st.reshard_after_forward else full - rank.params_bytes
-    if m > 1 and st.fsdp_accumulate != "sharded":
-        held += (full - rank.grads_bytes) + ((full - rank.params_bytes) if st.reshard_after_forward else 0)
+    if m > 1 and st.fsdp_accumulate != "sharded":  # the grads whole in the reduce dtype, in place of the shards
+        held += (unsharded_grad_elem_bytes(st) * rank.numel - rank.grads_bytes
+                 + ((full - rank.params_bytes) if st.reshard_after_forward else 0))
     return held
+
+
+def unsharded_grad_elem_bytes(st) -> int:
+    """FSDP2 accumulates a block's unsharded grads between micro-batches in its MixedPrecisionPolicy's
+    reduce dtype (each micro-batch's bf16 grads are cast and added; torch 2.13's FSDPParam
+    to_accumulated_grad_if_needed): fp32, or bf16 with comm_hook=bf16 (harness/strategies/fsdp.py)."""
+    return 2 if st.comm_hook == "bf16" else 4
 
 
 def transient_bytes(lo, rank, mb: int, ckpt: str) -> float:

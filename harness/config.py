@@ -103,6 +103,10 @@ class StrategyConfig:
     # slice and a gradient buffer (Megatron-LM's --bf16; harness/strategies/distributed_optimizer.py); with
     # DDP (Megatron-LM's bf16 module, fp32 main params and grads) priced by the cost model only
     low_precision_params: bool = False
+    # Pipeline receive buffers: step = torch's PipelineStage, a buffer for every micro-batch of the step made
+    # when the schedule starts (brigade's runtime); in_flight = Megatron-LM's p2p, a tensor per transfer,
+    # alive while its micro-batch is in flight (priced for the published Megatron rows; refused at launch)
+    pp_recv_buffers: str = "step"
     # Pipeline
     schedule: str = DEFAULT_SCHEDULE  # a row of harness/catalog.py SCHEDULES
     stage_layers: list[int] = field(default_factory=list)  # blocks per pipeline stage (pp * vpp counts); empty: as even as n_layers allows (models/pipeline_split.py)

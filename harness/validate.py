@@ -416,3 +416,10 @@ def _validate_megatron_overlaps(s, dims: ParallelDims, distributed: bool, torch_
                           f"(docs/published.md) but brigade's runtime does not implement (its distributed optimizer "
                           f"reduces and gathers after the backward, its TP collectives run between the GEMMs): set "
                           f"them false to run")
+    if s.pp_recv_buffers not in ("step", "in_flight"):
+        raise ConfigError(f"strategy.pp_recv_buffers={s.pp_recv_buffers}: step (torch's pipeline stages) or in_flight "
+                          f"(Megatron-LM's p2p)")
+    if torch_runs and s.pp_recv_buffers != "step":
+        raise ConfigError("strategy.pp_recv_buffers=in_flight prices Megatron-LM's pipeline receives (a tensor per "
+                          "transfer); brigade's runtime runs torch's pipeline stages, which make a buffer for every "
+                          "micro-batch of the step: set it to step to run")

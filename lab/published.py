@@ -100,6 +100,8 @@ def strategy_overrides(row: dict) -> list[str]:
         out.append(f"strategy.zero1_impl={row['zero1_impl']}")
     if row.get("low_precision_params") and row.get("engine", "torch") == "torch":  # Megatron-LM's --bf16 (lab/published_runs.yaml)
         out.append("strategy.low_precision_params=true")
+    if pp > 1 and "pp_recv_buffers" in row:  # the source's pipeline runtime (lab/published_runs.yaml)
+        out.append(f"strategy.pp_recv_buffers={row['pp_recv_buffers']}")
     if "bucket_cap_mb" in row:  # the gradient buckets the source's engine used (lab/published_runs.yaml)
         out.append(f"strategy.bucket_cap_mb={row['bucket_cap_mb']}")
     for knob in MEGATRON_OVERLAPS:  # Megatron-Core's overlaps, where the source names them (docs/published.md)

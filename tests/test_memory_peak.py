@@ -80,3 +80,23 @@ def test_every_pipeline_schedule_and_3d_dry_runs_to_a_peak(layout, tmp_path):
     assert "dryrun_step_error" not in m, m["dryrun_step_error"]
     assert m["peak_mem_kind"] == "fake_tensor_storages"
     assert all(peak > states for peak, states in zip(m["peak_mem_bytes_per_rank"], m["model_states_bytes_per_rank"]))
+
+
+@pytest.mark.slow
+def test_torchs_pipeline_stages_hold_a_receive_buffer_for_every_microbatch(tmp_path):
+    """torch's stages make a receive buffer per micro-batch of the step when the schedule starts (the
+    first stage's for its output's gradient): with 8 micro-batches on 2 stages, 8 at the first stage's
+    peak, where 2 micro-batches are in flight. The prediction holds them (memory_peak.stage_boundary_bytes);
+    Megatron-LM's one-per-transfer (pp_recv_buffers=in_flight) holds one, m - 1 fewer."""
+    from harness.predict import predict_overrides
+
+    layout = ["model=llama_tiny", "strategy=pp", "parallel.pp=2", "workload.global_batch_size=16", "workload.micro_batch_size=2"]
+    rec = run(["launcher=dryrun", *layout], tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    md = rec["config"]["model"]
+    one = 2 * md["seq_len"] * md["d_model"] * 4  # (mb, s, h) in fp32
+    assert rec["measured"]["peak_rank"] == 0
+    assert rec["measured"]["peak_live_by_op"]["aten.empty_strided"] == 8 * one
+    step, megatron = (predict_overrides([*layout, f"strategy.pp_recv_buffers={b}"]) for b in ("step", "in_flight"))
+    assert "not_run" in megatron and "not_run" not in step
+    assert step["peak_mem_bytes"] - megatron["peak_mem_bytes"] == pytest.approx(7 * one)

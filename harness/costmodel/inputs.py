@@ -149,7 +149,7 @@ class Strategy:
     """The strategy knobs the cost model reads."""
     __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
                  "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
-                 "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                 "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "pp_recv_buffers",
                  "low_precision_params", "state_knobs", "stage_layers")
 
     @classmethod
@@ -166,6 +166,7 @@ class Strategy:
         self.tp_comm_overlap = bool(getattr(s, "tp_comm_overlap", False))
         self.overlap_grad_reduce = bool(getattr(s, "overlap_grad_reduce", False))
         self.overlap_param_gather = bool(getattr(s, "overlap_param_gather", False))
+        self.pp_recv_buffers = getattr(s, "pp_recv_buffers", "step")
         self.bucket_bytes = s.bucket_cap_mb * 1024**2
         self.comm_hook, self.powersgd_rank = s.comm_hook, s.powersgd_rank
         # DeepSpeed: None means DeepSpeed's own default, which overlaps at stage 3 only

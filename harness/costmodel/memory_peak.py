@@ -6,11 +6,14 @@
     loss phase       activations in flight (activations.py), autocast's bf16 weight copies (one set per
                      micro-batch in flight) + the largest transient, with last step's gradients only
                      where they live then (below)
-    end of backward  the gradients + FSDP's gathered units
+    end of backward  the gradients + FSDP's gathered units + a pipeline rank's other micro-batches in
+                     flight (one fewer than at the loss) and its stage-boundary tensors
 Gradients: every torch strategy frees them at the step's start (zero_grad(set_to_none)) and backward
 makes them again, so at the loss of the step's only micro-batch none exist; they do with gradient
-accumulation (m > 1), in a pipeline that runs backward before its last forward (1F1B and the
-interleaved ones), and in DeepSpeed, whose gradient partitions are the engine's buffers.
+accumulation (m > 1) and in DeepSpeed, whose gradient partitions are the engine's buffers. A pipeline
+rank holds its most micro-batches at its first backward, before any gradient exists; it holds as many
+again with gradients only where a forward follows that backward, i.e. where fewer than all m are in
+flight (1F1B with m > pp - rank; never under GPipe, which runs every forward first).
 Transients: the loss's gradients (and chunked's fp32 chunk buffer) at the loss; an FSDP unit's
 gathered params, the prefetched next unit's and its unsharded grads (3 units); one block's
 activations while full recompute reruns it.
@@ -49,14 +52,39 @@ class MemoryPeak:
                 + self.fsdp_unsharded_bytes + self.activations_bytes + self.transient_bytes + self.allocator_bytes)
 
 
-def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str) -> float:
-    """Activations a pipeline rank holds at its peak: its layers (+ the head) x micro-batches in flight."""
+def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str, rest: bool = False) -> float:
+    """Activations a pipeline rank holds at its peak: its layers (+ the head) x micro-batches in flight,
+    and its stages' boundary tensors (stage_boundary_bytes). rest: at the end of its first backward,
+    when one micro-batch in flight fewer is left."""
     pt, pl = lo.per_token, lo.place
     one = rank.layers * pt.layer_activation_bytes[ckpt] * mb + (pt.head_activation_bytes * mb if rank.last else 0)
-    return one * (act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0)
+    if pl.pp == 1:
+        return 0.0 if rest else one
+    flight = act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank)
+    return one * (flight - rest) + stage_boundary_bytes(lo, rank, mb, m, flight)
 
 
-def fsdp_held_bytes(lo, rank, m: int) -> float:
+def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:
+    """What torch's pipeline stages hold at their edges, a residual-stream tensor (mb, s, h) each: a
+    stage's output of every micro-batch in flight (kept for its backward; the next stage's or ln_f's
+    input, so no layer counts it), and a receive buffer per micro-batch of the step, made when the
+    schedule starts: for the output's gradient on every stage but the last, for the input on every
+    stage but the first, of which those in flight are the first layer's saved input already
+    (torch 2.13 pipelining/stage.py, _create_grad_recv_info and _create_act_recv_info). Megatron-LM's
+    p2p (strategy.pp_recv_buffers=in_flight) receives into a tensor per transfer: the inputs in flight,
+    and one output gradient at a time."""
+    pl, st = lo.place, lo.strategy
+    one = mb * lo.model.s * lo.model.h * lo.per_token.residual_elem_bytes / (pl.tp if st.sp else 1)
+    not_last = sum(1 for i in rank.stages if i != pl.n_stages - 1)
+    not_first = sum(1 for i in rank.stages if i != 0)
+    if st.pp_recv_buffers == "in_flight":
+        return one * not_last * (flight + 1)
+    return one * (not_last * (flight + m) + not_first * max(m - flight, 0.0))
+
+
+def fsdp_held_bytes(lo, rank, m: int, accumulated: bool) -> float:
+    """FSDP's unsharded state beyond the shards; `accumulated`: after a backward of this step, with
+    gradient accumulation (the unsharded grads and, resharding after forward, the params kept)."""
     st = lo.strategy
     if st.ds_reuse and lo.place.dp > 1:  # DeepSpeed ZeRO-3 keeps these gathered from forward to backward
         return catalog.PRECISION_BYTES[lo.precision] * ds_zero3.gathered_elements(lo.model.shape, *st.ds_reuse)[2]
@@ -66,7 +94,7 @@ def fsdp_held_bytes(lo, rank, m: int) -> float:
     root = rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
     # zero2: every unit forward to backward; else the root unit
     held = lo.per_token.unsharded_elem_bytes * root if st.reshard_after_forward else full - rank.params_bytes
-    if m > 1 and st.fsdp_accumulate != "sharded":  # the grads whole in the reduce dtype, in place of the shards
+    if accumulated and m > 1 and st.fsdp_accumulate != "sharded":  # the grads whole in the reduce dtype, in place of the shards
         held += (unsharded_grad_elem_bytes(st) * rank.numel - rank.grads_bytes
                  + ((full - rank.params_bytes) if st.reshard_after_forward else 0))
     return held
@@ -104,22 +132,25 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     st = lo.strategy
     buffers = (mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets)
                if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed") else 0)
-    held = fsdp_held_bytes(lo, worst, m)
+    live = grads_live_at_loss(lo, worst, m)
+    held, held_end = fsdp_held_bytes(lo, worst, m, live), fsdp_held_bytes(lo, worst, m, True)
     transient = transient_bytes(lo, worst, mb, ckpt)
-    grads = worst.grads_bytes if grads_live_at_loss(lo, m) else 0.0
+    grads = worst.grads_bytes if live else 0.0
     worst_acts += autocast_copies_bytes(lo, worst, m)
-    loss_phase = grads + worst_acts + transient
-    backward_end = worst.grads_bytes + (3 * lo.fsdp_block_bytes if st.family == "sharded" and lo.place.dp > 1 else 0)
+    loss_phase = held + grads + worst_acts + transient
+    # the end of a backward: a pipeline rank still holds its other micro-batches in flight
+    rest = rank_activation_bytes(lo, worst, mb, m, ckpt, rest=True) + autocast_copies_bytes(lo, worst, m, rest=True)
+    transient_end = 3 * lo.fsdp_block_bytes if st.family == "sharded" and lo.place.dp > 1 else 0
+    backward_end = held_end + worst.grads_bytes + rest + transient_end
     if backward_end > loss_phase:
-        peak = MemoryPeak(worst, 0.0, buffers, held, backward_end - worst.grads_bytes, 0.0, worst.grads_bytes,
-                          "end of backward")
+        peak = MemoryPeak(worst, rest, buffers, held_end, transient_end, 0.0, worst.grads_bytes, "end of backward")
     else:
         peak = MemoryPeak(worst, worst_acts, buffers, held, transient, 0.0, grads, "loss")
     peak.allocator_bytes = lo.hw.allocator_overhead * peak.peak_bytes
     return peak
 
 
-def autocast_copies_bytes(lo, rank, m: int) -> float:
+def autocast_copies_bytes(lo, rank, m: int, rest: bool = False) -> float:
     """autocast's 2-byte copy of every matmul weight, saved for backward by the matmul that used it: one
     set per micro-batch in flight (tests/test_memory_peak.py counts them on one block; a dry run of a
     pipeline stage holds one set per micro-batch in flight). None where the engine casts the params."""
@@ -129,12 +160,14 @@ def autocast_copies_bytes(lo, rank, m: int) -> float:
     weights = rank.layers * params.local_block_numel(md.shape, pl.tp, pl.ep)
     if rank.last and not md.shape[12]:  # an untied head's weight (a tied one is the embedding's, not cast)
         weights += md.V * md.h / pl.tp
-    return 2 * weights * (act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0)
+    return 2 * weights * ((act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0) - rest)
 
 
-def grads_live_at_loss(lo, m: int) -> bool:
-    """Whether gradients exist at the loss phase's peak (module docstring)."""
-    if lo.strategy.family == "deepspeed" or m > 1:
+def grads_live_at_loss(lo, rank, m: int) -> bool:
+    """Whether gradients exist when `rank` holds its most activations (module docstring)."""
+    if lo.strategy.family == "deepspeed":
         return True
     pl = lo.place
-    return pl.pp > 1 and catalog.schedule(lo.strategy.schedule).in_flight != "all"
+    if pl.pp == 1 and pl.vpp == 1:
+        return m > 1
+    return act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) < m

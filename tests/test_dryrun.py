@@ -36,6 +36,7 @@ def test_llama3_70b_on_1024_ranks_matches_the_cost_model_per_stage(tmp_path):
     # the pipeline's step ran on fake tensors: a peak on every stage, above its model states
     assert "dryrun_step_error" not in m and m["peak_mem_kind"] == "fake_tensor_storages"
     assert all(p > s for p, s in zip(m["peak_mem_bytes_per_rank"], m["model_states_bytes_per_rank"]))
+    assert rec["predicted"]["peak_mem_bytes"] == pytest.approx(max(m["peak_mem_bytes_per_rank"]), rel=0.05)
 
 
 @pytest.mark.slow

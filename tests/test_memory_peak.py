@@ -69,6 +69,15 @@ PIPELINES = [["strategy=pp", "parallel.pp=2", f"strategy.schedule={s}"] for s in
     ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.fsdp_accumulate=sharded"],
     ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.pp=2"]]
 
+# Where llama_tiny's prediction misses its dry run by more than 5 %. The split-backward schedules'
+# retained graphs (the loss's stage keeps every loss; a deferred weight pass keeps its output
+# gradients) are priced by micro-batch counts, which hold within 5 % at llama3_8b (dryrun_scale, but
+# interleaved zero bubble, whose weight passes' captures are not priced) and not where the head is
+# most of a stage, as here. cp: 3d dp2 cp2 pp2 is predicted 25 % over its dry run here, not yet
+# explained (llama3_8b 3d dp4 cp2 tp8 in dryrun_scale: within 3 %).
+UNMODELLED_AT_TINY = {"strategy.schedule=interleaved_zero_bubble", "strategy.schedule=zbv_zero_bubble",
+                      "strategy.schedule=dualpipev", "parallel.cp=2"}
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", PIPELINES, ids=lambda o: " ".join(x.split("=")[1] for x in o))
@@ -80,6 +89,8 @@ def test_every_pipeline_schedule_and_3d_dry_runs_to_a_peak(layout, tmp_path):
     assert "dryrun_step_error" not in m, m["dryrun_step_error"]
     assert m["peak_mem_kind"] == "fake_tensor_storages"
     assert all(peak > states for peak, states in zip(m["peak_mem_bytes_per_rank"], m["model_states_bytes_per_rank"]))
+    if not any(o in UNMODELLED_AT_TINY for o in layout):  # the predicted peak explains the dry run's
+        assert rec["predicted"]["peak_mem_bytes"] == pytest.approx(max(m["peak_mem_bytes_per_rank"]), rel=0.05)
 
 
 @pytest.mark.slow

@@ -55,19 +55,25 @@ class MemoryPeak:
 def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str, rest: bool = False) -> float:
     """Activations a pipeline rank holds at its peak: its layers (+ the head) x micro-batches in flight,
     and its stages' boundary tensors (stage_boundary_bytes). rest: at the end of its first backward,
-    when one micro-batch in flight fewer is left."""
+    when one micro-batch in flight fewer is left. Under a split backward (the zero-bubble schedules,
+    DualPipeV) the loss's stage keeps every micro-batch's loss, and with it the head's saved tensors,
+    until the step ends (torch 2.13 schedules, _internal_losses): m of them, whatever the layers hold."""
     pt, pl = lo.per_token, lo.place
-    one = rank.layers * pt.layer_activation_bytes[ckpt] * mb + (pt.head_activation_bytes * mb if rank.last else 0)
+    layers = rank.layers * pt.layer_activation_bytes[ckpt] * mb
+    head = pt.head_activation_bytes * mb if rank.last else 0.0
     if pl.pp == 1:
-        return 0.0 if rest else one
+        return 0.0 if rest else layers + head
     flight = act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank)
-    return one * (flight - rest) + stage_boundary_bytes(lo, rank, mb, m, flight)
+    head_flight = m if catalog.schedule(lo.strategy.schedule).split_backward else flight
+    return layers * (flight - rest) + head * (head_flight - rest) + stage_boundary_bytes(lo, rank, mb, m, flight)
 
 
 def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:
     """What torch's pipeline stages hold at their edges, a residual-stream tensor (mb, s, h) each: a
-    stage's output of every micro-batch in flight (kept for its backward; the next stage's or ln_f's
-    input, so no layer counts it), and a receive buffer per micro-batch of the step, made when the
+    stage's output of every micro-batch in flight (kept for its backward; the next stage's input, so no
+    layer counts it; the last stage's output is the logits, (mb, s, V / tp) in the matmul's dtype, which
+    no loss term counts but chunked's: it goes at the micro-batch's backward, so one is held but where every
+    forward runs first), and a receive buffer per micro-batch of the step, made when the
     schedule starts: for the output's gradient on every stage but the last, for the input on every
     stage but the first, of which those in flight are the first layer's saved input already
     (torch 2.13 pipelining/stage.py, _create_grad_recv_info and _create_act_recv_info). Megatron-LM's
@@ -77,9 +83,13 @@ def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:
     one = mb * lo.model.s * lo.model.h * lo.per_token.residual_elem_bytes / (pl.tp if st.sp else 1)
     not_last = sum(1 for i in rank.stages if i != pl.n_stages - 1)
     not_first = sum(1 for i in rank.stages if i != 0)
+    logits = 0.0
+    if rank.last and lo.per_token.loss != "chunked":
+        first = catalog.schedule(st.schedule).order in ("all_forward_first", "breadth_first")
+        logits = (m if first else 1) * mb * lo.model.s * lo.model.V / pl.tp * lo.per_token.act_elem_bytes
     if st.pp_recv_buffers == "in_flight":
-        return one * not_last * (flight + 1)
-    return one * (not_last * (flight + m) + not_first * max(m - flight, 0.0))
+        return logits + one * not_last * (flight + 1)
+    return logits + one * (not_last * (flight + m) + not_first * max(m - flight, 0.0))
 
 
 def fsdp_held_bytes(lo, rank, m: int, accumulated: bool) -> float:

@@ -40,6 +40,20 @@ def test_llama3_70b_on_1024_ranks_matches_the_cost_model_per_stage(tmp_path):
 
 
 @pytest.mark.slow
+def test_zero3_with_full_recompute_peaks_at_the_end_of_backward_as_predicted(tmp_path):
+    """llama3_70b zero3 dp16, full recompute, one sequence a rank: the peak comes late in backward (every
+    block's sharded grads made, a block rerun, its grads unsharded in fp32 for the reduce-scatter, the
+    root unit's grads whole), not at the loss; the prediction's end-of-backward phase holds it."""
+    rec = run(["launcher=dryrun", "model=llama3_70b", "strategy=zero3", "parallel.dp=16", "hardware=h100_sxm",
+               "workload.precision=bf16-mixed", "workload.global_batch_size=16", "workload.micro_batch_size=1",
+               "workload.activation_checkpointing=full"], tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    m, p = rec["measured"], rec["predicted"]
+    assert p["peak_mem_phase"] == "end of backward"
+    assert p["peak_mem_bytes"] == pytest.approx(max(m["peak_mem_bytes_per_rank"]), rel=0.05)
+
+
+@pytest.mark.slow
 def test_dry_run_at_world_8_gives_the_bytes_of_the_real_gloo_run(tmp_path):
     layout = ["model=llama_tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
               "workload.global_batch_size=8", "workload.micro_batch_size=2", "logger=none"]

@@ -32,9 +32,9 @@ PER_TOKEN = ("compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes"
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
 # what HSDP's shard group holds decides the peak too (its states, FSDP's gathered units and buffers)
 MEMORY = ("fsdp_unsharded_bytes", "transient_bytes", "comm_buffer_bytes", "allocator_bytes", "peak_mem_bytes",
-          "memory_headroom_bytes", "fits_in_memory")
+          "peak_mem_phase", "grads_at_peak_bytes", "memory_headroom_bytes", "fits_in_memory")
 # what a cp rank's tokens decide (module docstring): taken from the base at mb / cp sequences
-CP_MEMORY = ("activations_bytes", "peak_mem_phase", "grads_at_peak_bytes", *MEMORY)
+CP_MEMORY = ("activations_bytes", *MEMORY)
 
 
 def shard_rank(dims, rank: int) -> int:

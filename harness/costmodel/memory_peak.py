@@ -132,6 +132,25 @@ def transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
     return out
 
 
+def backward_end_transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
+    """What the end of backward holds beyond the gradients and the held state. FSDP: the unit being
+    reduced, its gathered params and their unsharded grads in the reduce dtype (FSDP2 casts before it
+    reduce-scatters), the next unit's params gathered ahead, and the root unit's grads, unsharded until
+    its own reduce-scatter ends the backward. Recompute: one block's activations while it reruns."""
+    out = 0.0
+    if lo.strategy.family == "sharded" and lo.place.dp > 1:
+        e = lo.per_token.unsharded_elem_bytes
+        block = lo.fsdp_block_bytes / e
+        root = rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
+        out = block * (2 * e + unsharded_grad_elem_bytes(lo.strategy)) + root * e
+    pt = lo.per_token
+    if ckpt == "full":
+        out += pt.layer_activation_bytes["none"] * mb
+    elif ckpt == "selective_op":
+        out += (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb
+    return out
+
+
 def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     """The rank whose model states + activations are largest, with its buffers and transients."""
     worst, worst_total, worst_acts = None, -1.0, 0.0
@@ -150,7 +169,7 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     loss_phase = held + grads + worst_acts + transient
     # the end of a backward: a pipeline rank still holds its other micro-batches in flight
     rest = rank_activation_bytes(lo, worst, mb, m, ckpt, rest=True) + autocast_copies_bytes(lo, worst, m, rest=True)
-    transient_end = 3 * lo.fsdp_block_bytes if st.family == "sharded" and lo.place.dp > 1 else 0
+    transient_end = backward_end_transient_bytes(lo, worst, mb, ckpt)
     backward_end = held_end + worst.grads_bytes + rest + transient_end
     if backward_end > loss_phase:
         peak = MemoryPeak(worst, rest, buffers, held_end, transient_end, 0.0, worst.grads_bytes, "end of backward")

@@ -208,7 +208,10 @@ def test_memory_never_increases_with_tp_or_pp(md, dp, precision, ckpt):
     by_pp = [mem(1, p) for p in pps]
     for by in (by_tp, by_pp):
         assert [x[0] for x in by] == sorted((x[0] for x in by), reverse=True)
-        assert [x[1] for x in by] == sorted((x[1] for x in by), reverse=True)
+    # the peak, by tp only: a 1F1B pipeline's first stage holds pp micro-batches of L / pp layers (the
+    # layers' activations of one micro-batch through all L) plus torch's receive buffers, one per
+    # micro-batch, so where the states are small beside the activations its peak rises with pp
+    assert [x[1] for x in by_tp] == sorted((x[1] for x in by_tp), reverse=True)
 
 
 @given(hs.integers(2, 64), hs.integers(1, 8), hs.integers(1, 256),

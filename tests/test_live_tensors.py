@@ -34,10 +34,12 @@ def test_a_real_run_peaks_where_and_as_high_as_its_dry_run(family, tmp_path):
     m, d = real["measured"], dry["measured"]
     assert "dryrun_step_error" not in d, d.get("dryrun_step_error")
     assert d["peak_mem_bytes_per_rank"] == [m["live_peak_bytes_per_rank"][r] for r in d["dryrun_ranks"]]
-    assert m["live_peak_rank"] == d["peak_rank"]
-    assert (m["live_peak_step"], m["live_peak_phase"]) == (d["peak_step"], d["peak_phase"])
-    assert m["live_peak_live_by_kind"] == d["peak_live_by_kind"]
-    assert m["live_peak_step"] == 2  # the optimizer state exists in the second step
+    # the dry run's worst rank, in the real run: the same step, phase and live bytes by kind (the real
+    # run's worst can be a rank the dry run did not simulate, its peak moved by gloo's thread: docs/memory.md)
+    at = m["live_peak_at_per_rank"][d["peak_rank"]]
+    assert (at["step"], at["phase"]) == (d["peak_step"], d["peak_phase"])
+    assert at["live_by_kind"] == d["peak_live_by_kind"]
+    assert at["step"] == 2  # the optimizer state exists in the second step
 
 
 def test_live_tensors_needs_two_warmup_steps(tmp_path):

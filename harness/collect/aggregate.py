@@ -64,6 +64,10 @@ def aggregate(run, dims, measurement: dict) -> dict:
         out.update({k: v for k, v in worst["memory"].items() if k.startswith("live_peak_")})
         out["live_peak_rank"] = worst["rank"]
         out["live_peak_bytes_per_rank"] = [r["memory"].get("live_peak_bytes") for r in ranks]
+        # where each rank peaked: ranks a dry run simulates as alike can differ in a real run where gloo
+        # completes collectives on its own thread (docs/memory.md), so the worst rank alone is not enough
+        out["live_peak_at_per_rank"] = [{k: r["memory"].get(f"live_peak_{k}") for k in ("step", "phase", "live_by_kind")}
+                                        for r in ranks]
     out["losses"] = ranks[0]["losses"]
     out["warmup_steps"] = run.workload.warmup_steps
     out["num_microbatches"] = measurement["num_microbatches"]

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from harness.worker.main import _process_start_unix  # noqa: E402  (stdlib only: the same clock as brigade's)
+from harness.worker.main import _process_start_unix, leave  # noqa: E402  (stdlib only: the same clock as brigade's)
 
 PROCESS_START = _process_start_unix()
 import torch  # noqa: E402
@@ -60,6 +60,10 @@ def main(steps: int, preset: str, stamps: str | None = None) -> None:
         Path(stamps).write_text(json.dumps({"loop_start_unix": start, "loop_end_unix": time.time(),
                                             "startup_unix": {"process_start": PROCESS_START, "imported": imported}}))
     dist.destroy_process_group()
+    # as brigade's ranks leave (harness/worker/main.py leave()): gloo's threads can outlive the group into
+    # the interpreter's teardown and abort the process after its work is done (seen once in a full
+    # `make test`: "terminate called without an active exception", exit -6)
+    leave()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,18 @@ def test_a_real_run_peaks_where_and_as_high_as_its_dry_run(family, tmp_path):
     assert dry["status"] == "ok", dry["error"]
     m, d = real["measured"], dry["measured"]
     assert "dryrun_step_error" not in d, d.get("dryrun_step_error")
-    assert d["peak_mem_bytes_per_rank"] == [m["live_peak_bytes_per_rank"][r] for r in d["dryrun_ranks"]]
+    more = [m["live_peak_bytes_per_rank"][r] - dry_peak for r, dry_peak in zip(d["dryrun_ranks"], d["peak_mem_bytes_per_rank"])]
+    if family != "single" and any(more):
+        # gloo completes FSDP's reduce-scatters (and HSDP's all-reduces) on its own thread, the fake group
+        # at once: on a loaded machine a collective's buffers can outlive their release in the dry run.
+        # That is not guaranteed not to happen, so the real run may hold more, by at most one unit's
+        # reduction in flight (its unsharded fp32 grads and their reduced copy; the root unit, embedding
+        # and head, is the largest), and its peak is then elsewhere (docs/memory.md); exact otherwise.
+        md = real["config"]["model"]
+        unit = 4 * (2 * md["vocab_size"] * md["d_model"] + md["d_model"])
+        assert all(0 <= x <= 2 * unit for x in more), more
+        return
+    assert more == [0] * len(more)
     # the dry run's worst rank, in the real run: the same step, phase and live bytes by kind (the real
     # run's worst can be a rank the dry run did not simulate, its peak moved by gloo's thread: docs/memory.md)
     at = m["live_peak_at_per_rank"][d["peak_rank"]]

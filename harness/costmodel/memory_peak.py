@@ -101,13 +101,18 @@ def fsdp_held_bytes(lo, rank, m: int, accumulated: bool) -> float:
     if st.family != "sharded" or lo.place.dp <= 1:
         return 0.0
     full = lo.per_token.unsharded_elem_bytes * rank.numel
-    root = rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
+    root = root_numel(lo, rank)
     # zero2: every unit forward to backward; else the root unit
     held = lo.per_token.unsharded_elem_bytes * root if st.reshard_after_forward else full - rank.params_bytes
     if accumulated and m > 1 and st.fsdp_accumulate != "sharded":  # the grads whole in the reduce dtype, in place of the shards
         held += (unsharded_grad_elem_bytes(st) * rank.numel - rank.grads_bytes
                  + ((full - rank.params_bytes) if st.reshard_after_forward else 0))
     return held
+
+
+def root_numel(lo, rank) -> float:
+    """The elements of a rank's FSDP root unit: what it holds outside its blocks (embeddings, ln_f, head)."""
+    return rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
 
 
 def unsharded_grad_elem_bytes(st) -> int:
@@ -141,8 +146,7 @@ def backward_end_transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
     if lo.strategy.family == "sharded" and lo.place.dp > 1:
         e = lo.per_token.unsharded_elem_bytes
         block = lo.fsdp_block_bytes / e
-        root = rank.numel - rank.layers * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
-        out = block * (2 * e + unsharded_grad_elem_bytes(lo.strategy)) + root * e
+        out = block * (2 * e + unsharded_grad_elem_bytes(lo.strategy)) + root_numel(lo, rank) * e
     pt = lo.per_token
     if ckpt == "full":
         out += pt.layer_activation_bytes["none"] * mb

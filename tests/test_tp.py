@@ -1,7 +1,7 @@
 """tp on 2 processes: parity with single with and without sequence parallel and loss parallel, the
 linear layers and the vocabulary sharded (bytes computed from the model shape), the embedding's grad
-sharded as it reaches FSDP, the plan covering
-every module, and tp not dividing the heads refused before launch."""
+sharded as it reaches FSDP, the plan covering every module, and tp not dividing the heads refused
+before launch."""
 from __future__ import annotations
 
 import pytest
@@ -125,7 +125,9 @@ def _backward_outputs_under_tp_and_fsdp(run) -> list[tuple[str, int]]:
     loss = model(tokens).float().logsumexp(-1).mean()
 
     class Outputs(TorchDispatchMode):
-        made: list = []
+        def __init__(self):
+            super().__init__()
+            self.made = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))

@@ -87,6 +87,7 @@ class LiveTensors(TorchDispatchMode):
         self.by_op: dict[str, int] = {}
         self.peak_at: dict = {}
         self.phase, self.step = "step start", 1
+        self._aliasing = False
         self.names = {id(m): n or "model" for n, m in model.named_modules()} if model is not None else {}
         # The model states that exist before the step (Strategy.state_tensors(): params, grads, optimizer
         # state), counted as `at_rest` until freed: zero_grad(set_to_none) frees last step's grads.
@@ -153,9 +154,20 @@ class LiveTensors(TorchDispatchMode):
         # Backward: a saved tensor carries the phase it was saved in; unpacking it in backward names the
         # module whose backward runs. (Global module backward hooks would wrap every module's output and
         # break torch's split backward of the zero-bubble pipeline schedules.)
-        self._saved = torch.autograd.graph.saved_tensors_hooks(lambda t: (t, self.phase), self._unpack)
+        self._saved = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved.__enter__()
         return super().__enter__()
+
+    def _pack(self, t):
+        # A detached alias: the same storage without the tensor's grad_fn. Packing `t` itself would close
+        # a reference cycle through autograd's C++ graph wherever a node saves its own output (sdpa, the
+        # RMSNorm kernel): a graph that no backward runs through (torch's pipeline metadata inference on
+        # the first stage) would then never be freed, which no run without this counter does.
+        self._aliasing = True
+        try:
+            return t.detach(), self.phase
+        finally:
+            self._aliasing = False
 
     def _unpack(self, packed):
         t, phase = packed
@@ -171,6 +183,8 @@ class LiveTensors(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self._aliasing:  # _pack's alias: its storage is counted where it was made, or not at all
+            return out
         kind = KIND_OF_PHASE.get(self.phase.split()[0], "forward")
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):

@@ -36,9 +36,9 @@ import contextlib
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.strategies.cp import apply_context_parallel, cp_group, local_positions, shard_sequence
+from harness.strategies.ddp import wrap_ddp
 from harness.strategies.distributed_optimizer import DistributedOptimizer
 from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
 from harness.strategies.moe3d import MoEStages
@@ -103,9 +103,7 @@ class Mesh3D(PipelineStrategy):
         register_grad_hooks(module)
         if wrap:  # 3. data parallel, replicated: DDP needs the real tensors
             if not fsdp:
-                device_ids = [self.device.index] if self.device.type == "cuda" else None
-                module = DDP(module, device_ids=device_ids, process_group=self.data_group(),
-                             bucket_cap_mb=run.strategy.bucket_cap_mb)
+                module = wrap_ddp(self, module, self.data_group(), run.strategy.bucket_cap_mb)
                 # The pipeline stage decides when DDP syncs: it runs every forward in no_sync and arms
                 # the reducer itself before each stage's last backward. Left on, DDP's own forward
                 # would arm it during the stage's shape-inference forward, whose input-only backward

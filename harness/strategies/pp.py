@@ -27,6 +27,7 @@ batch mean, as `single` computes it.
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 import torch.distributed as dist
@@ -118,6 +119,7 @@ class PipelineStrategy(Strategy):
             self.build_schedule(pp_fake.boundary_metadata(self, dict(zip(self.stage_ids, self.model)),
                                                           self.embedding, microbatches[0][0]))
             self.embedding = None
+            gc.collect()  # the embedding piece and its FSDP state refer to each other: its storages go now
         self.timeline.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         # The schedule splits the rank's batch into m micro-batches along dim 0 again (same chunks).

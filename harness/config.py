@@ -42,6 +42,7 @@ class ModelConfig:
     top_k: int = 2  # experts per token (MoE only)
     capacity_factor: float = 0.0  # MoE: 0 = no capacity limit (no token dropped)
     aux_loss_coef: float = 0.01  # MoE: weight of the load-balancing loss (Switch Transformer)
+    routing: str = "topk"  # MoE: topk (the router's choice) | balanced (token s's j-th route to expert (s + j) mod E: S*k/E routes each, the load a dry run assumes; models/moe.py)
     # Llama-family options (defaults reproduce the GPT above)
     norm: str = "layernorm"  # layernorm | rmsnorm
     mlp: str = "gelu"  # gelu (2 matmuls) | swiglu (3 matmuls: gate, up, down)

@@ -15,7 +15,8 @@ from harness.dims import MESH_AXES, ConfigError, ParallelDims
 
 # model.<option> -> its values (models/layers.py builds them; tests/test_llama.py checks the two agree)
 MODEL_OPTIONS = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "position": ("learned", "rope"),
-                 "loss": ("fp32", "chunked")}  # loss: models/gpt.py LOSSES
+                 "loss": ("fp32", "chunked"),  # models/gpt.py LOSSES
+                 "routing": ("topk", "balanced")}  # models/moe.py ROUTINGS
 
 
 def available_strategies() -> list[str]:
@@ -260,6 +261,9 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
         raise ConfigError(f"DeepSpeed refuses ZeRO stage 3 with MoE layers (model {m.name}: n_experts "
                           f"{m.n_experts}): its engine raises 'MoE not supported with Stage 3' for "
                           f"deepspeed.moe layers; use zero_stage 0, 1 or 2")
+    if m.n_experts and m.routing != "topk":
+        raise ConfigError(f"model.routing={m.routing} is brigade's MoE layer's (models/moe.py); DeepSpeed's gate "
+                          f"routes by its router: use model.routing=topk or strategy.engine=torch")
     if dims.tp > 1:
         raise ConfigError(f"the DeepSpeed engine has no tensor parallelism here (tp={dims.tp}); "
                           f"use strategy.engine=torch for tp")

@@ -44,6 +44,20 @@ The same layer in DeepSpeed (tests/test_moe.py checks outputs, aux loss, drops a
     in DeepSpeed as here). Its defaults differ: top2_2nd_expert_sampling=True adds Gumbel noise to the
     second choice, use_rts=True picks dropped tokens at random.
 
+Routing (model.routing): `topk`, the router's choice above; `balanced`, the same operators with each
+token's choices then overwritten in place by a fixed round robin, token s's j-th route to expert
+(s + j) mod E (`round_robin_`). Every expert then gets S*k/E routes (within k where E does not divide
+S): the load the cost model prices (harness/costmodel/activations.py: each rank's experts run S*k rows),
+of which the capacity keeps min(routes, C) (`balanced_load`). The router still computes its logits,
+weights the routes it is given by its probabilities, and gets their gradient; the aux loss is taken on
+the given choices. Every tensor topk allocates, balanced allocates with the same shape (k > 2: the
+weights of the given experts are gathered anew, an (S, k) fp32 tensor beside topk's values). A dry run
+has no router values and routes at this load whatever model.routing says (harness/strategies/ep_fake.py):
+balanced makes a real run route as its dry run does.
+
+Sizes: which routes the capacity kept, how many reach each expert, and those counts on the host are read
+from tensors' values (`RouteSizes`); every other shape in the layer follows from them.
+
 Expert load of the last forward is kept in `self.last_load`: tokens_per_expert (E,) = routes
 assigned to each expert before the capacity limit (sums to S*k), dropped (routes over capacity).
 """
@@ -58,6 +72,7 @@ import torch.nn.functional as F
 from models.layers import make_mlp
 
 MIN_CAPACITY = 4  # DeepSpeed MoE layer's default min_capacity; pass the same to a DeepSpeed layer
+ROUTINGS = ("topk", "balanced")  # model.routing (harness/validate.py MODEL_OPTIONS["routing"] lists the same)
 
 
 def _capacity(num_tokens: int, num_experts: int, factor: float, min_capacity: int) -> int:
@@ -66,8 +81,33 @@ def _capacity(num_tokens: int, num_experts: int, factor: float, min_capacity: in
     return max(int(cap), min_capacity)
 
 
-def route(logits: torch.Tensor, k: int, capacity_factor: float, min_capacity: int = MIN_CAPACITY):
-    """DeepSpeed's TopKGate decisions for one group of S tokens. logits: (S, E) fp32.
+def round_robin_(experts: torch.Tensor, first: int, n_experts: int) -> torch.Tensor:
+    """Balanced routing, in place (no allocation): experts (S,) or (S, c) long -> token s's choice j is
+    expert (s + first + j) mod E, j = 0 .. c - 1 along the last dim."""
+    columns = experts.view(experts.size(0), -1)
+    for j in range(columns.size(1)):
+        torch.arange(first + j, first + j + columns.size(0), out=columns[:, j])
+    return experts.remainder_(n_experts)
+
+
+def balanced_load(num_tokens: int, k: int, n_experts: int, capacity_factor: float,
+                  min_capacity: int = MIN_CAPACITY) -> list[int]:
+    """Routes each expert keeps under balanced routing (`round_robin_`) of one group of S = num_tokens
+    tokens, on the host: expert e is given #{(s, j): (s + j) mod E = e} routes, and the capacity C keeps
+    min(routes, C) of them (k = 1: the top C of its column; k = 2: first choices queue before second
+    choices, so together min(first + second, C); k > 2: its C most probable routes), C as `route` takes it."""
+    whole, rest = divmod(num_tokens, n_experts)
+    routes = [k * whole + sum((e - j) % n_experts < rest for j in range(k)) for e in range(n_experts)]
+    if capacity_factor > 0:
+        cap = _capacity(num_tokens, n_experts, capacity_factor * k, min_capacity)
+        routes = [min(r, cap) for r in routes]
+    return routes
+
+
+def route(logits: torch.Tensor, k: int, capacity_factor: float, min_capacity: int = MIN_CAPACITY,
+          balanced: bool = False):
+    """DeepSpeed's TopKGate decisions for one group of S tokens. logits: (S, E) fp32. balanced: the
+    choices overwritten by `round_robin_` (model.routing=balanced), the rest as DeepSpeed's.
 
     Returns (experts (S, k) long, weights (S, k) fp32, kept (S, k) bool, aux_loss (), tokens_per_expert (E,)).
     A dropped route has kept False and weight 0."""
@@ -77,10 +117,14 @@ def route(logits: torch.Tensor, k: int, capacity_factor: float, min_capacity: in
     drop = capacity_factor > 0
     if k <= 2:
         idx1 = gates.argmax(dim=1)
+        if balanced:
+            round_robin_(idx1, 0, E)
         mask1 = F.one_hot(idx1, E)
         masks, idx = [mask1], [idx1]
         if k == 2:
             idx2 = logits.masked_fill(mask1.bool(), float("-inf")).argmax(dim=1)
+            if balanced:
+                round_robin_(idx2, 1, E)
             masks.append(F.one_hot(idx2, E))
             idx.append(idx2)
         aux = (me * mask1.float().mean(dim=0)).sum() * E  # first choices only, for k=1 and k=2
@@ -101,6 +145,8 @@ def route(logits: torch.Tensor, k: int, capacity_factor: float, min_capacity: in
         kept = torch.stack([m.bool().any(dim=1) for m in masks], dim=1)
         return experts, g, kept, aux, tokens_per_expert
     top_gate, experts = torch.topk(gates, k=k, dim=1)
+    if balanced:  # the given experts' probabilities (topk's values go when nothing holds them)
+        top_gate = gates.gather(1, round_robin_(experts, 0, E))
     mask = torch.zeros_like(gates, dtype=torch.bool).scatter_(1, experts, True)
     tokens_per_expert = mask.sum(dim=0)
     aux = (me * mask.float().mean(dim=0)).mean() * E * E / k
@@ -121,18 +167,38 @@ def run_experts(experts: nn.ModuleDict, rows: torch.Tensor, ids: list[int], coun
     return torch.cat([experts[str(e)](c) for e, c in zip(ids, chunks)])
 
 
+class RouteSizes:
+    """The routing's sizes, read from its tensors' values (a host sync each): the kept routes, the routes
+    per expert, and those counts on the host (split sizes). A dry run's tensors have no values:
+    harness/strategies/ep_fake.py's BalancedSizes answers the same three for the balanced load."""
+
+    def kept_routes(self, kept: torch.Tensor) -> torch.Tensor:
+        """kept (S*k,) bool -> (n,) long: the kept routes r = s*k + j, in order."""
+        return kept.nonzero().squeeze(1)
+
+    def per_expert(self, expert_of_route: torch.Tensor, n_experts: int) -> torch.Tensor:
+        """(n,) long expert of each kept route -> (E,) long routes per expert."""
+        return torch.bincount(expert_of_route, minlength=n_experts)
+
+    def to_host(self, counts: torch.Tensor) -> list[int]:
+        """per_expert's counts as host ints."""
+        return counts.tolist()
+
+
 def local_dispatch(moe: "MoE", rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Every expert lives in this process: run them on their rows. counts (E,) rows per expert."""
-    return run_experts(moe.experts, rows, list(range(moe.n_experts)), counts.tolist())
+    return run_experts(moe.experts, rows, list(range(moe.n_experts)), moe.sizes.to_host(counts))
 
 
 class MoE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.n_experts, self.top_k, self.capacity_factor = cfg.n_experts, cfg.top_k, cfg.capacity_factor
+        self.balanced = getattr(cfg, "routing", ROUTINGS[0]) == "balanced"  # a partial cfg (tests): topk
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.experts = nn.ModuleDict({str(e): make_mlp(cfg) for e in range(cfg.n_experts)})
         self.dispatch = local_dispatch  # (moe, rows sorted by expert, counts (E,)) -> expert outputs, same order
+        self.sizes = RouteSizes()  # a dry run's: harness/strategies/ep_fake.py
         self.aux_loss: torch.Tensor | None = None
         self.last_load: dict[str, torch.Tensor] | None = None
 
@@ -150,13 +216,14 @@ class MoE(nn.Module):
         # experts in bf16 flips near-tied choices.
         with torch.autocast(x.device.type, enabled=False):
             logits = F.linear(x.float(), self.router.weight.float())
-        experts, weights, kept, self.aux_loss, tokens_per_expert = route(logits, k, self.capacity_factor)
+        experts, weights, kept, self.aux_loss, tokens_per_expert = route(logits, k, self.capacity_factor,
+                                                                      balanced=self.balanced)
 
         # Sort the kept routes by expert (stable: token order within an expert) -> contiguous rows per expert.
         flat_expert = experts.reshape(-1)  # route r = s*k + j
-        kept_routes = kept.reshape(-1).nonzero().squeeze(1)
+        kept_routes = self.sizes.kept_routes(kept.reshape(-1))
         order = kept_routes[flat_expert[kept_routes].argsort(stable=True)]
-        counts = torch.bincount(flat_expert[order], minlength=self.n_experts)
+        counts = self.sizes.per_expert(flat_expert[order], self.n_experts)
         out_rows = self.dispatch(self, x[order // k], counts)  # (kept routes, h)
 
         # Combine: back to (S, k) route slots (dropped routes stay 0), weighted sum over the k slots in fp32.

@@ -27,6 +27,10 @@ local losses, L = 1/dp * sum_r L_r.
     same expert hold the other ep groups' sums: all-reduce SUM over "dp_rep", / dp.
 Expert load (routes per expert, dropped routes) is kept per step on device and summed over "dp"
 once, after the timed steps, for `measured.expert_load`.
+
+A dry run (launcher=dryrun) has no routing to read: it routes at the balanced load, and the received
+counts are the ones that load gives (harness/strategies/ep_fake.py); model.routing=balanced makes a real
+run route so too.
 """
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
 from harness.dims import ConfigError
+from harness.strategies import ep_fake
 from harness.strategies.base import Strategy
+from harness.strategies.pp_fake import over_fake_group
 from models.moe import last_load, moe_layers, run_experts, summarize_load
 
 
@@ -52,19 +58,27 @@ class AllToAllDispatch:
     def __call__(self, moe, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ep, local = self.ep, self.local
         # 1. counts: my routes to each expert -> for each source rank, its routes to my experts
-        recv_counts = torch.empty_like(counts)
+        recv_counts = torch.empty_like(counts)  # [source rank * local + local expert]
         dist.all_to_all_single(recv_counts, counts, group=self.group)
-        recv_counts = recv_counts.view(ep, local)  # [source rank][local expert]
-        send_splits = counts.view(ep, local).sum(dim=1).tolist()  # host sync: splits are host ints
-        recv_splits = recv_counts.sum(dim=1).tolist()
+        sent = moe.sizes.to_host(counts)  # host syncs: split sizes are host ints
+        received = self.received(recv_counts, sent)
+        send_splits = [sum(sent[q * local:(q + 1) * local]) for q in range(ep)]
+        recv_splits = [sum(received[q * local:(q + 1) * local]) for q in range(ep)]
+        rows_per_expert = [sum(received[q * local + e] for q in range(ep)) for e in range(local)]
         # 2. dispatch: rows arrive grouped by source rank, then by local expert within a source
         got = wait_tensor(all_to_all_single_autograd(rows, recv_splits, send_splits, self.group))
-        expert_of_row = torch.arange(local, device=rows.device).repeat(ep).repeat_interleave(recv_counts.reshape(-1))
+        expert_of_row = torch.arange(local, device=rows.device).repeat(ep).repeat_interleave(
+            recv_counts, output_size=sum(recv_splits))
         by_expert = expert_of_row.argsort(stable=True)  # regroup: expert-major, source order kept
-        out = run_experts(moe.experts, got[by_expert], self.ids, recv_counts.sum(dim=0).tolist())
+        out = run_experts(moe.experts, got[by_expert], self.ids, rows_per_expert)
         out = out[by_expert.argsort()]  # back to by-source order
         # 3. combine: results return to the ranks the rows came from
         return wait_tensor(all_to_all_single_autograd(out, send_splits, recv_splits, self.group))
+
+    def received(self, recv_counts: torch.Tensor, sent: list[int]) -> list[int]:
+        """The exchanged counts on the host: routes to my experts, by source rank then local expert. (A dry
+        run's all-to-all brings no values: harness/strategies/ep_fake.py.)"""
+        return recv_counts.tolist()
 
 
 class ExpertParallel(Strategy):
@@ -75,10 +89,14 @@ class ExpertParallel(Strategy):
             raise ConfigError(f"strategy ep needs a MoE model (model.n_experts > 0, e.g. model=moe_tiny); "
                               f"model {self.run.model.name} has n_experts={self.run.model.n_experts}")
         n_experts = self.run.model.n_experts
+        dry = over_fake_group(dist.group.WORLD)  # a dry run routes at the balanced load (ep_fake.py)
+        if dry:
+            ep_fake.route_at_balanced_load(layers)
         if dims.ep > 1:
             ep_rank = mesh["ep"].get_local_rank()
             assert ep_rank == dims.coords(dist.get_rank())["ep"], (ep_rank, dims.coords(dist.get_rank()))
-            dispatch = AllToAllDispatch(mesh["ep"].get_group(), dims.ep, ep_rank, n_experts)
+            dispatch_class = ep_fake.balanced_dispatch(AllToAllDispatch) if dry else AllToAllDispatch
+            dispatch = dispatch_class(mesh["ep"].get_group(), dims.ep, ep_rank, n_experts)
             for layer in layers:
                 layer.keep_experts(dispatch.ids)
                 layer.dispatch = dispatch

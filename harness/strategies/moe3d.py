@@ -17,6 +17,8 @@ adds coef * the stages' aux (summed over the pp group once per step, after the s
 Gradients (no DDP / FSDP wrapper: expert and dense params reduce over different groups), once per
 step after the schedule, as strategy=ep: dense grads all-reduced (sum) over dp, expert grads over
 the dp / ep replicas of the expert (the all-to-all's backward already summed its ep peers), each / dp.
+
+A dry run routes at the balanced load, as strategy=ep's does (harness/strategies/ep_fake.py).
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from harness.strategies import ep_fake
 from harness.strategies.ep import AllToAllDispatch
+from harness.strategies.pp_fake import over_fake_group
 from models.moe import moe_layers
 
 
@@ -58,13 +62,17 @@ class MoEStages:
         self.sink: list[torch.Tensor] = []  # aux values of this rank's MoE layers, one per layer and micro-batch
         self.layers = 0
         self.dispatch = None
+        self.dry = over_fake_group(dist.group.WORLD)  # a dry run routes at the balanced load (ep_fake.py)
         if dims.ep > 1:
             ep_rank = mesh["ep"].get_local_rank()
-            self.dispatch = AllToAllDispatch(mesh["ep"].get_group(), dims.ep, ep_rank, run.model.n_experts)
+            dispatch_class = ep_fake.balanced_dispatch(AllToAllDispatch) if self.dry else AllToAllDispatch
+            self.dispatch = dispatch_class(mesh["ep"].get_group(), dims.ep, ep_rank, run.model.n_experts)
 
     def prepare(self, module) -> None:
         """Give a stage module's MoE layers the ep dispatch and the aux-loss identity."""
         coef = self.run.model.aux_loss_coef / self.m
+        if self.dry:
+            ep_fake.route_at_balanced_load(moe_layers(module))
         for layer in moe_layers(module):
             self.layers += 1
             if self.dispatch is not None:

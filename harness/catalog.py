@@ -185,10 +185,9 @@ SCHEDULES = {s.name: s for s in (
     ScheduleRow("interleaved_1f1b", "looped", ANY_VPP, False, "interleaved", "textbook", "interleaved",
                 torch_microbatches="rounds", plan_vpps=(2, 4, 8)),
     ScheduleRow("looped_bfs", "looped", ANY_VPP, False, "breadth_first", "textbook", "all"),
-    # the zero-bubble rows hold every micro-batch at their peak under torch (activations.py)
-    ScheduleRow("interleaved_zero_bubble", "looped", ANY_VPP, True, "interleaved", "zb_h1", "all",
+    ScheduleRow("interleaved_zero_bubble", "looped", ANY_VPP, True, "interleaved", "zb_h1", "zero_bubble_looped",
                 torch_microbatches="rounds"),
-    ScheduleRow("zbv_zero_bubble", "v", 2, True, "greedy", "zbv", "all", plan_vpps=(2,)),
+    ScheduleRow("zbv_zero_bubble", "v", 2, True, "greedy", "zbv", "zbv", plan_vpps=(2,)),
     ScheduleRow("dualpipev", "v", 2, True, "greedy", "dualpipe_v", "dualpipe_v", min_microbatches="stages"),
 )}
 DEFAULT_SCHEDULE = "1f1b"

@@ -69,14 +69,13 @@ PIPELINES = [["strategy=pp", "parallel.pp=2", f"strategy.schedule={s}"] for s in
     ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.fsdp_accumulate=sharded"],
     ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.pp=2"]]
 
-# Where llama_tiny's prediction misses its dry run by more than 5 %. The split-backward schedules'
-# retained graphs (the loss's stage keeps every loss; a deferred weight pass keeps its output
-# gradients) are priced by micro-batch counts, which hold within 5 % at llama3_8b (dryrun_scale, but
-# interleaved zero bubble, whose weight passes' captures are not priced) and not where the head is
-# most of a stage, as here. cp: 3d dp2 cp2 pp2 is predicted 25 % over its dry run here, not yet
-# explained (llama3_8b 3d dp4 cp2 tp8 in dryrun_scale: within 3 %).
-UNMODELLED_AT_TINY = {"strategy.schedule=interleaved_zero_bubble", "strategy.schedule=zbv_zero_bubble",
-                      "strategy.schedule=dualpipev", "parallel.cp=2"}
+# Where llama_tiny's prediction misses its dry run by more than 5 %, measured: 3d dp2 tp2 pp2 with
+# sequence parallel is predicted 9.7 % over, at the end of the first stage's first backward (6.21 MB
+# against the dry run's 4.82 MB there; its peak, 5.67 MB, is in that backward's first block): the end of
+# backward's FSDP terms, measured on llama3 70B and 405B dry runs (memory_peak.py), overcount at this
+# size, which of them is not yet measured; 3d dp2 cp2 pp2 is predicted 32 % over, not yet explained
+# (llama3_8b 3d dp4 cp2 tp8 in dryrun_scale: within 3 %).
+UNMODELLED_AT_TINY = {"strategy.sequence_parallel=true", "parallel.cp=2"}
 
 
 @pytest.mark.slow
@@ -111,3 +110,57 @@ def test_torchs_pipeline_stages_hold_a_receive_buffer_for_every_microbatch(tmp_p
     step, megatron = (predict_overrides([*layout, f"strategy.pp_recv_buffers={b}"]) for b in ("step", "in_flight"))
     assert "not_run" in megatron and "not_run" not in step
     assert step["peak_mem_bytes"] - megatron["peak_mem_bytes"] == pytest.approx(7 * one)
+
+
+def _torch_order(schedule: str, pp: int, m: int) -> dict:
+    """torch 2.13's own action lists of a split-backward schedule (vpp 2), rank -> actions, computed as its
+    __init__ does, from the ranks' sizes alone (`_calculate_single_rank_operations` reads no stage)."""
+    import types
+
+    import torch.distributed.pipelining.schedules as S
+
+    cls = {"interleaved_zero_bubble": S.ScheduleInterleavedZeroBubble, "zbv_zero_bubble": S.ScheduleZBVZeroBubble,
+           "dualpipev": S.ScheduleDualPipeV}[schedule]
+    rounds = max(1, m // pp)
+    self = types.SimpleNamespace(pp_group_size=pp, n_local_stages=2, _n_microbatches=m, num_stages=2 * pp,
+                                 number_of_rounds=rounds, microbatches_per_round=m // rounds)
+    return {r: cls._calculate_single_rank_operations(self, r) for r in range(pp)}
+
+
+def _chunks_held(actions: list, last_stage: int) -> tuple[int, int, int, set]:
+    """(most stage chunks a rank holds, of them the last stage's, weight passes pending then, the stages
+    with a gradient then): a chunk is held from its forward to its weight pass (or its full backward)."""
+    live, pending, last, most, grads = 0, 0, 0, (0, 0, 0, set()), set()
+    for a in [s for a in actions if a is not None for s in (getattr(a, "sub_actions", None) or [a])]:
+        kind = a.computation_type.name
+        step = 1 if kind == "FORWARD" else -1 if kind in ("FULL_BACKWARD", "BACKWARD_WEIGHT") else 0
+        live += step
+        last += step if a.stage_index == last_stage else 0
+        pending += 1 if kind == "BACKWARD_INPUT" else -1 if kind == "BACKWARD_WEIGHT" else 0
+        grads |= {a.stage_index} if step < 0 else set()
+        if live > most[0]:
+            most = (live, last, pending, set(grads))
+    return most
+
+
+@pytest.mark.parametrize("schedule", ["interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev"])
+def test_split_backward_in_flight_counts_are_torchs(schedule):
+    """The cost model's micro-batches in flight (harness/costmodel/activations.py) are the chunks torch's
+    split-backward schedules hold, each from its forward to its weight pass, counted on torch's orders."""
+    from harness import catalog
+    from harness.costmodel import activations as act
+
+    row = catalog.schedule(schedule)
+    for pp in (2, 3, 4, 8):
+        ms = [m for m in range(2 * pp, 4 * pp + 1)] if schedule == "dualpipev" else range(1, 3 * pp + 1)
+        for m in ms:
+            if row.torch_microbatches == "rounds" and m % max(1, m // pp):
+                continue  # torch refuses it (harness/validate.py)
+            for r, actions in _torch_order(schedule, pp, m).items():
+                chunks, last, pending, grads = _chunks_held(actions, 2 * pp - 1)
+                assert act.in_flight(schedule, pp, 2, m, r) == chunks / 2, (pp, m, r)
+                if last:
+                    assert act.last_stage_in_flight(schedule, pp, 2, m) == last, (pp, m, r)
+                assert act.deferred_weight_passes(schedule, pp, m, r) == pending, (pp, m, r)
+                if schedule == "dualpipev":  # memory_peak.grads_at_loss_bytes: the first chunk has none yet
+                    assert r not in grads, (pp, m, r)

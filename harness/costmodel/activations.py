@@ -61,13 +61,14 @@ Micro-batches in flight per pipeline rank (what multiplies one micro-batch's act
     no pipeline: 1 (gradient accumulation frees each micro-batch in its backward)
     GPipe, looped BFS: m;  1F1B: min(m, p - r);  interleaved (Narayanan et al. 2021 warm-up):
     (2(p-r-1) + (v-1)p + 1)/v rank-layers, Korthikanti's p*(1 + (p-1)/(p*v)) on the first rank;
-    DualPipeV: p + 1. torch's zero-bubble schedules (interleaved zero bubble, ZB-V): m, although
-    the papers' ZB-V holds p: torch runs their input pass with retain_graph=True and frees a
-    micro-batch's graph only after its deferred weight pass, or for the loss's stage when the step
-    ends (its `_internal_losses` keep each loss); dry runs hold every micro-batch's activations at
-    the peak, as looped BFS does (llama_tiny pp2 vpp2, 16 micro-batches: 28.8 MB of forward
-    tensors live under interleaved zero bubble, 29.0 MB under looped BFS, 4.8 MB under interleaved
-    1F1B).
+    torch's split-backward schedules run a micro-batch's input pass with retain_graph=True and free its
+    graph at its deferred weight pass, so a stage chunk is held from its forward to its weight pass;
+    counted on torch 2.13's own orders (tests/test_costmodel_mechanisms.py), in chunks of 1/v:
+    interleaved zero bubble: ((v-1)*q + min(p, q))/v on every rank, q = m / max(1, m // p) the
+    micro-batches of a round (p for m a multiple of p); ZB-V: min(m + 1 + r, 2p, 2m)/2;
+    DualPipeV (m >= 2p): p + 1/2, and p where fewer than 2p - r micro-batches arrive.
+    Interleaved zero bubble also holds, on rank r, r chunks' captured output gradients for their
+    deferred weight passes (weight_pass_capture_bytes).
 """
 from __future__ import annotations
 
@@ -175,10 +176,42 @@ def _interleaved_in_flight(pp: int, vpp: int, m: int, pp_rank: int) -> float:
     return min(chunks, m * vpp) / vpp
 
 
+def _zero_bubble_looped_in_flight(pp: int, vpp: int, m: int, pp_rank: int) -> float:
+    q = m / max(1, m // pp)  # torch's micro-batches per round
+    return ((vpp - 1) * q + min(pp, q)) / vpp
+
+
 # by the catalog's `in_flight` kind of a schedule: f(pp, vpp, m, pp_rank), see the module docstring
 IN_FLIGHT = {
     "all": lambda pp, vpp, m, r: float(m),
     "one_f_one_b": lambda pp, vpp, m, r: float(min(m, pp - r)),
     "interleaved": _interleaved_in_flight,
-    "dualpipe_v": lambda pp, vpp, m, r: float(min(m, pp + 1)),
+    "zero_bubble_looped": _zero_bubble_looped_in_flight,
+    "zbv": lambda pp, vpp, m, r: min(m + 1 + r, 2 * pp, 2 * m) / 2,
+    "dualpipe_v": lambda pp, vpp, m, r: min(float(m), pp + (0.5 if r >= 2 * pp - m else 0.0)),
 }
+# the last stage's own micro-batches among them (its head and loss are held per micro-batch): one where
+# each backward follows its forward closely, every micro-batch under GPipe and looped BFS, and a round's
+# min(p, q) under interleaved zero bubble, whose last stage defers its weight passes too
+LAST_STAGE_IN_FLIGHT = {
+    "all": lambda pp, vpp, m: float(m),
+    "zero_bubble_looped": lambda pp, vpp, m: float(min(pp, m / max(1, m // pp))),
+}
+
+
+def deferred_weight_passes(schedule: str, pp: int, m: int, pp_rank: int) -> int:
+    """Stage chunks whose weight pass rank `pp_rank` has deferred at its peak: interleaved zero bubble runs
+    rank r's weight passes r backward passes late (torch 2.13, num_1f1b_microbatches = rank), fewer
+    while fewer micro-batches than ranks reach it; none in the other schedules."""
+    if catalog.schedule(schedule).in_flight != "zero_bubble_looped":
+        return 0
+    return max(0, pp_rank - max(0, pp - m))
+
+
+def last_stage_in_flight(schedule: str, pp: int, vpp: int, m: int) -> float:
+    """Micro-batches whose head activations the last stage holds at its rank's peak (tests count them
+    on torch's orders)."""
+    if pp == 1 and vpp == 1:
+        return 1.0
+    kind = catalog.schedule(schedule).in_flight
+    return LAST_STAGE_IN_FLIGHT[kind](pp, vpp, m) if kind in LAST_STAGE_IN_FLIGHT else 1.0

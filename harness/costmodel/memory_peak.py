@@ -64,8 +64,30 @@ def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str, rest: bool = Fal
     if pl.pp == 1:
         return 0.0 if rest else layers + head
     flight = act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank)
-    head_flight = m if catalog.schedule(lo.strategy.schedule).split_backward else flight
-    return layers * (flight - rest) + head * (head_flight - rest) + stage_boundary_bytes(lo, rank, mb, m, flight)
+    head_flight = act.last_stage_in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m)
+    return (layers * (flight - rest) + head * (head_flight - rest) + stage_boundary_bytes(lo, rank, mb, m, flight)
+            + weight_pass_capture_bytes(lo, rank, mb, m))
+
+
+def weight_pass_capture_bytes(lo, rank, mb: int, m: int) -> float:
+    """What a deferred weight pass keeps (activations.deferred_weight_passes): the input pass captured,
+    for it, the gradient of every weight's consumer's output (torch 2.13's stage_backward_input), per
+    layer and token the outputs of q, k, v, o and the MLP's matrices (local widths: a column-parallel
+    output / tp, a row-parallel one whole; the matmul's dtype) and of the two norms (the residual
+    dtype), for a stage chunk's layers. The head's, and a MoE block's experts beyond its dense twin,
+    are not counted."""
+    pl = lo.place
+    chunks = act.deferred_weight_passes(lo.strategy.schedule, pl.pp, m, rank.pp_rank)
+    if not chunks:
+        return 0.0
+    md, pt = lo.model, lo.per_token
+    _, h, _, d_ff, _, _, _, _, kv, mlp = md.shape[:10]
+    widths = sum(out if row else out / pl.tp
+                 for i, (out, inp) in enumerate(params.block_projections(h, kv, d_ff, mlp))
+                 for row in [i == 3 or (i > 3 and inp == d_ff)])
+    norms = 2 * h / (pl.tp if lo.strategy.sp else 1)
+    per_layer = mb * md.s * (widths * pt.act_elem_bytes + norms * pt.residual_elem_bytes)
+    return chunks * rank.layers / len(rank.stages) * per_layer
 
 
 def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:
@@ -168,7 +190,7 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     live = grads_live_at_loss(lo, worst, m)
     held, held_end = fsdp_held_bytes(lo, worst, m, live), fsdp_held_bytes(lo, worst, m, True)
     transient = transient_bytes(lo, worst, mb, ckpt)
-    grads = worst.grads_bytes if live else 0.0
+    grads = grads_at_loss_bytes(lo, worst, m) if live else 0.0
     worst_acts += autocast_copies_bytes(lo, worst, m)
     loss_phase = held + grads + worst_acts + transient
     # the end of a backward: a pipeline rank still holds its other micro-batches in flight
@@ -194,6 +216,22 @@ def autocast_copies_bytes(lo, rank, m: int, rest: bool = False) -> float:
     if rank.last and not md.shape[12]:  # an untied head's weight (a tied one is the embedding's, not cast)
         weights += md.V * md.h / pl.tp
     return 2 * weights * ((act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0) - rest)
+
+
+def grads_at_loss_bytes(lo, rank, m: int) -> float:
+    """The gradients a rank holds when it holds its most activations, where they live then: all of
+    them, but under DualPipeV, whose ranks reach their most chunks in flight (after the forward of an
+    overlapped pair) before their first stage chunk has run a backward (torch 2.13's order; tests): the
+    other chunk's only."""
+    if catalog.schedule(lo.strategy.schedule).in_flight != "dualpipe_v":
+        return rank.grads_bytes
+    pl = lo.place
+    first = min(rank.stages)
+    numel = (params.stage_layer_counts(lo.model.shape[0], pl.n_stages, lo.strategy.stage_layers)[first]
+             * params.local_block_numel(lo.model.shape, pl.tp, pl.ep))
+    if first == 0:
+        numel += lo.model.V * lo.model.h / pl.tp  # the embedding
+    return rank.grads_bytes * (1 - numel / rank.numel)
 
 
 def grads_live_at_loss(lo, rank, m: int) -> bool:

@@ -142,10 +142,23 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
 
 
 def _validate_dryrun(run: RunConfig, dims: ParallelDims) -> None:
-    if run.strategy.engine != "torch":
-        raise ConfigError(f"a dry run simulates the torch strategies on torch's fake process group; engine "
-                          f"{run.strategy.engine} builds its own communicator and buffers outside it (DeepSpeed's "
-                          f"engine needs real collectives at initialize): use strategy.engine=torch")
+    s = run.strategy
+    if s.engine == "deepspeed":
+        # DeepSpeed's ZeRO engine runs on the fake group with its value reads answered
+        # (harness/strategies/ds_fake.py); these read values no fake tensor holds, or run ops on raw pointers
+        why = [f"pp {dims.pp} (its pipeline engine)" if dims.pp > 1 else "",
+               f"MoE layers (model {run.model.name}: {run.model.n_experts} experts; routing reads the tokens)"
+               if run.model.n_experts else "",
+               f"offload {s.offload} (ZeRO-Offload tracks overflow and norms per gradient on the host)"
+               if s.offload != "none" else "",
+               "strategy.ds.cpu_adam (DeepSpeedCPUAdam steps raw host pointers)" if s.ds.cpu_adam else "",
+               f"ZeRO stage 0 under {run.workload.precision} (its unfused optimizer reads the gradient norm's value)"
+               if s.zero_stage == 0 and run.workload.precision != "fp32" else ""]
+        why = [w for w in why if w]
+        if why:
+            raise ConfigError(f"a dry run simulates DeepSpeed's ZeRO engine (stages 1-3, and 0 in fp32; no offload) "
+                              f"on torch's fake process group, not {', '.join(why)}: run it for real, or dry-run the "
+                              f"torch engine")
     outside = [r for r in run.launcher.ranks if not 0 <= r < dims.world_size]
     if outside:
         raise ConfigError(f"launcher.ranks {outside} outside the world: ranks are 0..{dims.world_size - 1} "

@@ -14,7 +14,7 @@ tensor is a fake tensor with this rank's exact local shape and dtype. Then two t
 real `strategy.train_step` on this rank's real micro-batch shapes, under harness/worker/measure.py's
 LiveTensors, which gives the peak of the tensor storages alive, its step and phase, and what was live
 then (the first step has no optimizer state until its end; the second is every later step).
-Model-state bytes are counted after the steps by harness/worker/measure.py, as in a real run
+Model-state bytes are counted after the first step by harness/worker/measure.py, as in a real run
 (params, grads and AdamW state exist then).
 If the step itself cannot run on fake tensors (reported in measured.dryrun_step_error), grads are
 set to zeros_like(param) and only the optimizer step runs, so the state bytes are still exact.
@@ -123,7 +123,8 @@ def simulate_rank(run, dims, rank: int) -> dict:
     strategy.setup(model)
     with fake:
         out.update(_steps(strategy, mbs))
-        out["memory"] = measure.model_state_bytes(strategy.state_tensors())
+        if "memory" not in out:  # the step failed: the states as they are after the optimizer step
+            out["memory"] = measure.model_state_bytes(strategy.state_tensors())
     out["memory"].update(out.pop("peak", {}))
     dist.destroy_process_group()
     out["wall_s"] = time.monotonic() - t0
@@ -139,13 +140,20 @@ def _steps(strategy, mbs) -> dict:
     from harness.worker import measure
 
     try:
-        with measure.LiveTensors(strategy.model, strategy.state_tensors()) as tracker:
+        tracker = measure.LiveTensors(strategy.model, strategy.state_tensors())
+        with tracker:
             loss = strategy.train_step(mbs)  # kept, as the loop keeps every step's loss for its statistics
-            tracker.next_step()
+        tracker.next_step()
+        # the model-state bytes after the first step, between the counted steps, as the real loop takes them
+        # (harness/worker/loop.py): an engine that captured its states during the step (DeepSpeed) lets them
+        # go here, not a step later
+        states = measure.model_state_bytes(strategy.state_tensors())
+        with tracker:
             strategy.train_step(mbs)
         del loss
         live = tracker.summary()
-        return {"peak": {"peak_mem_bytes": live.pop("peak_bytes"), "peak_mem_kind": "fake_tensor_storages", **live}}
+        return {"memory": states,
+                "peak": {"peak_mem_bytes": live.pop("peak_bytes"), "peak_mem_kind": "fake_tensor_storages", **live}}
     except Exception as e:  # noqa: BLE001 - reported in the record; the state bytes still follow
         for p in strategy.model.parameters():
             p.grad = torch.zeros_like(p)

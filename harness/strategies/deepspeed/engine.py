@@ -16,6 +16,9 @@ step (DeepSpeed's ZeRO optimizers call its step once per param group): at each c
 master, its fp32 gradient partition and its optimizer state are alive, so the capture holds every
 state at its peak. DeepSpeed's reduce buffers (the bucket, stage 3's contiguous low-precision
 gradient partition it flattens the fp32 one from) are reported apart, under measured.deepspeed.
+
+In a dry run (launcher=dryrun) initialize and the step run on fake tensors over torch's fake process
+group, as harness/strategies/ds_fake.py says.
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from harness.strategies import ds_fake
 from harness.strategies.base import Strategy, canonical_name
 from harness.strategies.deepspeed import config as ds_config
+from harness.strategies.pp_fake import over_fake_group
 from harness.validate import num_microbatches
 
 # Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
@@ -69,7 +74,17 @@ class DeepSpeedStrategy(Strategy):
             ds_config.write(self.config, self.run_dir)
         model = self.build_module(self.materialize(model))  # no deepspeed.zero.Init: see materialize
         self.client_optimizer = self.make_client_optimizer(self.optimizer_groups(model))
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.client_optimizer, config=self.config)
+        # over the fake group (a dry run) initialize allocates fake tensors and its value reads are answered
+        # as harness/strategies/ds_fake.py says; a real run gets none of that (allocation() does nothing)
+        dry = over_fake_group(dist.group.WORLD)
+        if dry:
+            ds_fake.prepare()
+        with self.allocation(), ds_fake.device_kept(model) if dry else contextlib.nullcontext():
+            # dist_init_required=False: the worker's process group, as init_distributed wrapped it above
+            self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.client_optimizer,
+                                                        config=self.config, dist_init_required=False)
+        if dry:
+            ds_fake.answer_reads(self.engine.optimizer)
         self.model = self.engine  # forward_loss calls self.model(inputs); aux losses via .module
         self.optimizer = self.engine.optimizer
         self._captured: dict[str, list[torch.Tensor]] | None = None
@@ -183,8 +198,9 @@ class DeepSpeedStrategy(Strategy):
         or, at stage 0 in fp32, the module's own params), their gradients, its state."""
         opt = self.client_optimizer
         stepped = [p for g in opt.param_groups for p in g["params"]]
-        module_storages = {p.untyped_storage().data_ptr() for p in self.engine.module.parameters()}
-        return {"master": [p for p in stepped if p.untyped_storage().data_ptr() not in module_storages],
+        # storages by their StorageImpl, not data_ptr: a dry run's fake tensors have no data pointer
+        module_storages = {p.untyped_storage()._cdata for p in self.engine.module.parameters()}
+        return {"master": [p for p in stepped if p.untyped_storage()._cdata not in module_storages],
                 "grads": [p.grad for p in stepped if p.grad is not None],
                 "optimizer": [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]}
 

@@ -67,7 +67,8 @@ def test_dry_run_at_world_8_gives_the_bytes_of_the_real_gloo_run(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["strategy=zero2", "strategy.engine=deepspeed", "parallel.dp=2"], "engine deepspeed builds its own communicator"),
+    (["strategy=zero2", "strategy.engine=deepspeed", "parallel.dp=2", "strategy.offload=optimizer"],
+     "simulates DeepSpeed's ZeRO engine .* not offload optimizer"),
     (["strategy=ddp", "parallel.dp=2", "launcher.ranks=[0,2]"], r"launcher.ranks \[2\] outside the world: ranks are 0..1"),
     # the one world-size limit (harness/config.py, the cost model's per-rank lists) holds for dry runs too
     (["strategy=3d", f"parallel.dp={MAX_WORLD}", "parallel.tp=2", f"workload.global_batch_size={MAX_WORLD}",

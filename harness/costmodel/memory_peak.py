@@ -53,11 +53,10 @@ class MemoryPeak:
 
 
 def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str, rest: bool = False) -> float:
-    """Activations a pipeline rank holds at its peak: its layers (+ the head) x micro-batches in flight,
-    and its stages' boundary tensors (stage_boundary_bytes). rest: at the end of its first backward,
-    when one micro-batch in flight fewer is left. Under a split backward (the zero-bubble schedules,
-    DualPipeV) the loss's stage keeps every micro-batch's loss, and with it the head's saved tensors,
-    until the step ends (torch 2.13 schedules, _internal_losses): m of them, whatever the layers hold."""
+    """Activations a pipeline rank holds at its peak: its layers x micro-batches in flight, the head x the
+    last stage's micro-batches in flight (activations.last_stage_in_flight), its stages' boundary
+    tensors (stage_boundary_bytes) and deferred weight passes' captures. rest: at the end of its first
+    backward, when one micro-batch in flight fewer is left."""
     pt, pl = lo.per_token, lo.place
     layers = rank.layers * pt.layer_activation_bytes[ckpt] * mb
     head = pt.head_activation_bytes * mb if rank.last else 0.0

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.strategies import ddp_fake
 from harness.strategies.base import Strategy
-from harness.strategies.pp_fake import over_fake_group
 
 
 class DDPStrategy(Strategy):
@@ -36,10 +35,12 @@ def wrap_ddp(strategy, module, group, bucket_cap_mb: float, comm_hook: str = "no
     reducer's buckets are fake and its all-reduce and bucket rebuild run as harness/strategies/ddp_fake.py
     says."""
     device_ids = [strategy.device.index] if strategy.device.type == "cuda" else None
-    dry = over_fake_group(group)
+    dry = dist.get_backend(group) == "fake"
     with strategy.allocation():
         ddp = DDP(module, device_ids=device_ids, process_group=group, bucket_cap_mb=bucket_cap_mb, init_sync=not dry)
     if dry:
+        from harness.strategies import ddp_fake  # a dry run's only: a real run does not read it
+
         ddp.register_comm_hook(group, ddp_fake.allreduce_hook(comm_hook))
         ddp_fake.rebuild_buckets_before_forward(ddp)
     elif comm_hook == "fp16":

@@ -95,9 +95,11 @@ class PipelineStrategy(Strategy):
         """The PipelineStages of this rank's modules and the schedule over them; `metadata`: stage
         index -> the stage's static boundary metadata (a dry run, harness/strategies/pp_fake.py)."""
         s, d, pp_group = self.run.strategy, self.dims, self.mesh["pp"].get_group()
-        stage_class = pp_fake.local_vote_stage(self.stage_class) if metadata else self.stage_class
+        multi = catalog.schedule(s.schedule).placement != "one"  # a multi-stage schedule: sends waited at the step's end
+        stage_class = pp_fake.local_vote_stage(self.stage_class, multi) if metadata else self.stage_class
         stages = [stage_class(m, i, d.num_stages, self.device, group=pp_group, **metadata.get(i, {}))
                   for m, i in zip(self.model, self.stage_ids)]
+        self.stages = stages
         for st in stages:
             self.timeline.instrument(st)
         cls = SCHEDULES[s.schedule]
@@ -128,6 +130,8 @@ class PipelineStrategy(Strategy):
         losses: list | None = [] if self.has_last else None
         with self.step_context():
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        for stage in self.stages:  # a dry run's sends end with the step, as the schedule's wait ends a real one's
+            getattr(stage, "release_sends", lambda: None)()
         self.timeline.end_pipeline()
         self.optimizer_step()
         self.timeline.end_step()

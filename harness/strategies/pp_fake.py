@@ -33,10 +33,29 @@ def over_fake_group(group) -> bool:
     return dist.get_backend(group) == "fake"
 
 
-def local_vote_stage(stage_class: type) -> type:
-    """`stage_class` whose warm-up vote is STATIC, decided on this rank (see the module docstring)."""
+def local_vote_stage(stage_class: type, hold_sends: bool) -> type:
+    """`stage_class` whose warm-up vote is STATIC, decided on this rank (see the module docstring), and,
+    with `hold_sends`, that keeps every tensor it sends until `release_sends`: torch's multi-stage
+    schedules wait on their sends when the step ends, and until then gloo's and NCCL's work holds each
+    sent tensor (a stage output after its backward, an input gradient), where the fake group's holds none."""
 
     class LocalVoteStage(stage_class):
+        sent: list = []
+
+        def get_fwd_send_ops(self, fwd_chunk_id):
+            return self._held(super().get_fwd_send_ops(fwd_chunk_id))
+
+        def get_bwd_send_ops(self, bwd_chunk_id):
+            return self._held(super().get_bwd_send_ops(bwd_chunk_id))
+
+        def _held(self, ops):
+            if hold_sends:
+                self.sent = [*self.sent, *(op.tensor for op in ops)]
+            return ops
+
+        def release_sends(self):
+            self.sent = []
+
         def _warmup_forward_vote(self, has_backward, received_acc=None):
             # a constant: FakeTensorMode keeps its value, so the schedule's .item() reads 1
             return torch.tensor([1], dtype=torch.int32, device=self.device)

@@ -67,8 +67,8 @@ Micro-batches in flight per pipeline rank (what multiplies one micro-batch's act
     interleaved zero bubble: ((v-1)*q + min(p, q))/v on every rank, q = m / max(1, m // p) the
     micro-batches of a round (p for m a multiple of p); ZB-V: min(m + 1 + r, 2p, 2m)/2;
     DualPipeV (m >= 2p): p + 1/2, and p where fewer than 2p - r micro-batches arrive.
-    Interleaved zero bubble also holds, on rank r, r chunks' captured output gradients for their
-    deferred weight passes (weight_pass_capture_bytes).
+    A deferred weight pass also keeps the output gradients its input pass captured for it, so a rank can
+    peak with fewer chunks and more of them deferred (split_backward_front).
 """
 from __future__ import annotations
 
@@ -190,27 +190,36 @@ IN_FLIGHT = {
     "zbv": lambda pp, vpp, m, r: min(m + 1 + r, 2 * pp, 2 * m) / 2,
     "dualpipe_v": lambda pp, vpp, m, r: min(float(m), pp + (0.5 if r >= 2 * pp - m else 0.0)),
 }
-# the last stage's own micro-batches among them (its head and loss are held per micro-batch): one where
-# each backward follows its forward closely, every micro-batch under GPipe and looped BFS, and a round's
-# min(p, q) under interleaved zero bubble, whose last stage defers its weight passes too
-LAST_STAGE_IN_FLIGHT = {
-    "all": lambda pp, vpp, m: float(m),
-    "zero_bubble_looped": lambda pp, vpp, m: float(min(pp, m / max(1, m // pp))),
-}
+# the last stage's micro-batches whose head and loss internals (the log-softmax) are held: one where each
+# backward follows its forward closely, and under a split backward, whose input pass frees them (the
+# deferred weight pass keeps the layers', split_backward_front); every micro-batch under GPipe and looped BFS
+LAST_STAGE_IN_FLIGHT = {"all": lambda pp, vpp, m: float(m)}
 
 
-def deferred_weight_passes(schedule: str, pp: int, m: int, pp_rank: int) -> int:
-    """Stage chunks whose weight pass rank `pp_rank` has deferred at its peak: interleaved zero bubble runs
-    rank r's weight passes r backward passes late (torch 2.13, num_1f1b_microbatches = rank), fewer
-    while fewer micro-batches than ranks reach it; none in the other schedules."""
-    if catalog.schedule(schedule).in_flight != "zero_bubble_looped":
-        return 0
-    return max(0, pp_rank - max(0, pp - m))
+def split_backward_front(schedule: str, pp: int, vpp: int, m: int, pp_rank: int) -> tuple:
+    """The (stage chunks held, weight passes deferred) pairs at which rank `pp_rank` can peak: a chunk is
+    held from its forward to its weight pass, and a deferred one (its input pass run, its weight pass
+    not) also keeps its captured output gradients, so more deferred passes can outweigh a chunk fewer.
+    The Pareto front of torch 2.13's action lists (tests/test_memory_peak.py), in chunks of 1/v:
+    interleaved zero bubble holds its most with r + 1 deferred; ZB-V also peaks with p + r held, 2r + 1
+    of them deferred (m >= 2p - 1; between p and 2p - 1 micro-batches only its most held is priced);
+    DualPipeV with 2p + 1 held and none deferred, 2p and one, or p and r + 1. Other schedules: their
+    micro-batches in flight, none deferred."""
+    r, most = pp_rank, round(in_flight(schedule, pp, vpp, m, pp_rank) * vpp)
+    kind = catalog.schedule(schedule).in_flight
+    if kind == "zero_bubble_looped":
+        points = ((most, min(r + 1, vpp * m)),)
+    elif kind == "zbv":
+        points = ((most, 1),) + (((pp + r, 2 * r + 1),) if r and m >= 2 * pp - 1 else ())
+    elif kind == "dualpipe_v":
+        points = (((pp, r + 1),) if r else ()) + (((2 * pp, 1),) if r < pp - 1 else ()) + ((most, 0),)
+    else:
+        return ((most, 0),)
+    return tuple(p for p in points if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in points))
 
 
 def last_stage_in_flight(schedule: str, pp: int, vpp: int, m: int) -> float:
-    """Micro-batches whose head activations the last stage holds at its rank's peak (tests count them
-    on torch's orders)."""
+    """Micro-batches whose head activations the last stage holds at its rank's peak."""
     if pp == 1 and vpp == 1:
         return 1.0
     kind = catalog.schedule(schedule).in_flight

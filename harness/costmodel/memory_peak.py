@@ -62,31 +62,29 @@ def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str, rest: bool = Fal
     head = pt.head_activation_bytes * mb if rank.last else 0.0
     if pl.pp == 1:
         return 0.0 if rest else layers + head
-    flight = act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank)
     head_flight = act.last_stage_in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m)
-    return (layers * (flight - rest) + head * (head_flight - rest) + stage_boundary_bytes(lo, rank, mb, m, flight)
-            + weight_pass_capture_bytes(lo, rank, mb, m))
+    # the largest of the rank's possible peaks: chunks held (each a 1/vpp micro-batch, whole until its
+    # weight pass: at llama3_70b a deferred chunk's dry run holds all of it), `deferred` of them keeping
+    # their weight pass's captured gradients
+    return max(layers * (held / pl.vpp - rest) + head * (head_flight - rest)
+               + stage_boundary_bytes(lo, rank, mb, m, held / pl.vpp) + deferred * weight_pass_capture_bytes(lo, rank, mb)
+               for held, deferred in act.split_backward_front(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank))
 
 
-def weight_pass_capture_bytes(lo, rank, mb: int, m: int) -> float:
-    """What a deferred weight pass keeps (activations.deferred_weight_passes): the input pass captured,
-    for it, the gradient of every weight's consumer's output (torch 2.13's stage_backward_input), per
-    layer and token the outputs of q, k, v, o and the MLP's matrices (local widths: a column-parallel
-    output / tp, a row-parallel one whole; the matmul's dtype) and of the two norms (the residual
-    dtype), for a stage chunk's layers. The head's, and a MoE block's experts beyond its dense twin,
-    are not counted."""
-    pl = lo.place
-    chunks = act.deferred_weight_passes(lo.strategy.schedule, pl.pp, m, rank.pp_rank)
-    if not chunks:
-        return 0.0
-    md, pt = lo.model, lo.per_token
+def weight_pass_capture_bytes(lo, rank, mb: int) -> float:
+    """What one deferred weight pass keeps beyond its chunk's activations: the gradient its input pass
+    captured at every weight's consumer (torch 2.13's stage_backward_input), per layer and token the
+    outputs of q, k, v, o and the MLP's matrices (local widths: a column-parallel output / tp, a
+    row-parallel one whole; the matmul's dtype) and of the two norms (the residual dtype), for one stage
+    chunk's layers. The head's, and a MoE block's experts beyond its dense twin, are not counted."""
+    md, pl, pt = lo.model, lo.place, lo.per_token
     _, h, _, d_ff, _, _, _, _, kv, mlp = md.shape[:10]
     widths = sum(out if row else out / pl.tp
                  for i, (out, inp) in enumerate(params.block_projections(h, kv, d_ff, mlp))
                  for row in [i == 3 or (i > 3 and inp == d_ff)])
     norms = 2 * h / (pl.tp if lo.strategy.sp else 1)
     per_layer = mb * md.s * (widths * pt.act_elem_bytes + norms * pt.residual_elem_bytes)
-    return chunks * rank.layers / len(rank.stages) * per_layer
+    return rank.layers / len(rank.stages) * per_layer
 
 
 def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:

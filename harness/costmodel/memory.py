@@ -169,12 +169,15 @@ def ideal_model_states(psi: int, dp: int, zero_stage: int, precision: str) -> in
     return round(psi * (p + g + o))
 
 
-def comm_buffer_bytes(fam: str, zero_stage: int, grads_bytes: int, bucket_cap_mb: float, ds_knobs) -> int:
+def comm_buffer_bytes(fam: str, zero_stage: int, grads_bytes: int, bucket_cap_mb: float, ds_knobs,
+                      elem_bytes: int = 4, numel: float = float("inf")) -> int:
     """Persistent buffers the engine keeps besides the model states.
     DDP's reducer (gradient_as_bucket_view=False) keeps flat bucket copies of every gradient;
-    DeepSpeed keeps a reduce bucket of reduce_bucket_size elements (and an all-gather bucket)."""
+    DeepSpeed keeps a reduce bucket of reduce_bucket_size elements in the engine's dtype (`elem_bytes`:
+    its parameters', 2 under bf16 and fp16), and under stage 3 up to its prefetch bucket of gathered
+    parameters, no more than the rank's `numel` (measured against dry runs: tests/test_dryrun_deepspeed.py)."""
     if fam in ("replicated", "zero1_torch"):
         return grads_bytes
     if fam == "deepspeed" and ds_knobs is not None:
-        return 4 * ds_knobs[0] + (4 * min(ds_knobs[1], ds_knobs[2]) if zero_stage == 3 else 0)
+        return elem_bytes * (ds_knobs[0] + (min(ds_knobs[1], ds_knobs[2], numel) if zero_stage == 3 else 0))
     return 0

@@ -182,7 +182,8 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
         if rank.model_states_bytes + acts > worst_total:
             worst, worst_total, worst_acts = rank, rank.model_states_bytes + acts, acts
     st = lo.strategy
-    buffers = (mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets)
+    buffers = (mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
+                                     4 if lo.precision == "fp32" else 2, worst.numel)
                if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed") else 0)
     live = grads_live_at_loss(lo, worst, m)
     held, held_end = fsdp_held_bytes(lo, worst, m, live), fsdp_held_bytes(lo, worst, m, True)

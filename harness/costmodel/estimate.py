@@ -48,6 +48,9 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "peak_mem_bytes": peak.peak_bytes,
         "peak_mem_phase": peak.phase,  # loss | end of backward (memory_peak.py)
         "grads_at_peak_bytes": peak.grads_bytes,
+        # the pp rank with the most gradient bytes, whose reductions the step waits for (layouts4d's HSDP
+        # replica all-reduce); not necessarily the rank with the highest memory peak
+        "grads_bytes_most": max(r.grads_bytes for r in lo.ranks),
         "compute_time_s": ct.compute_s,
         "matmul_time_s": ct.matmul_s,
         "memory_bound_time_s": ct.compute_s - ct.matmul_s,

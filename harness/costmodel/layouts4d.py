@@ -112,7 +112,7 @@ def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw,
         out["comm_dp_bytes"], out["comm_dp_time_s"] = shard["comm_dp_bytes"], shard["comm_dp_time_s"]
         out["comm_dp_exposed_time_s"] = shard["comm_dp_exposed_time_s"]
         reductions = m if fsdp_accumulate == "sharded" else 1
-        rep_bytes = hsdp_replicate_bytes(shard["grads_bytes"], dims.dp_replicate, reductions)
+        rep_bytes = hsdp_replicate_bytes(shard["grads_bytes_most"], dims.dp_replicate, reductions)
         rpn = out.get("ranks_per_node", dims.world_size)
         link = _link(hw, "all_reduce", dims.dp_replicate, dims.dp_shard * cp * dims.tp, rpn)
         units = md.n_layers // dims.pp + 1  # one all-reduce per FSDP unit and reduction

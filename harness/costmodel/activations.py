@@ -63,7 +63,7 @@ Micro-batches in flight per pipeline rank (what multiplies one micro-batch's act
     (2(p-r-1) + (v-1)p + 1)/v rank-layers, Korthikanti's p*(1 + (p-1)/(p*v)) on the first rank;
     torch's split-backward schedules run a micro-batch's input pass with retain_graph=True and free its
     graph at its deferred weight pass, so a stage chunk is held from its forward to its weight pass;
-    counted on torch 2.13's own orders (tests/test_costmodel_mechanisms.py), in chunks of 1/v:
+    counted on torch 2.13's own orders (tests/test_memory_peak.py), in chunks of 1/v:
     interleaved zero bubble: ((v-1)*q + min(p, q))/v on every rank, q = m / max(1, m // p) the
     micro-batches of a round (p for m a multiple of p); ZB-V: min(m + 1 + r, 2p, 2m)/2;
     DualPipeV (m >= 2p): p + 1/2, and p where fewer than 2p - r micro-batches arrive.

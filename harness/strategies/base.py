@@ -176,6 +176,14 @@ class Strategy:
 _WRAPPER_PREFIX = re.compile(r"(?:(?:^|(?<=\.))(?:module|_orig_mod|_checkpoint_wrapped_module)\.|^\d+\.)")
 
 
+def over_fake_group(group) -> bool:
+    """Whether `group` is torch's fake process group: a dry run (launch/dryrun.py), whose stand-ins for
+    what needs values live in the *_fake.py modules beside each strategy."""
+    import torch.distributed as dist
+
+    return dist.get_backend(group) == "fake"
+
+
 def canonical_name(name: str) -> str:
     """A parameter's name as the unwrapped single-process model names it."""
     return _WRAPPER_PREFIX.sub("", name)

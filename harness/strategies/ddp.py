@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextlib
 
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.strategies.base import Strategy
+from harness.strategies.base import Strategy, over_fake_group
 
 
 class DDPStrategy(Strategy):
@@ -35,7 +34,7 @@ def wrap_ddp(strategy, module, group, bucket_cap_mb: float, comm_hook: str = "no
     reducer's buckets are fake and its all-reduce and bucket rebuild run as harness/strategies/ddp_fake.py
     says."""
     device_ids = [strategy.device.index] if strategy.device.type == "cuda" else None
-    dry = dist.get_backend(group) == "fake"
+    dry = over_fake_group(group)
     with strategy.allocation():
         ddp = DDP(module, device_ids=device_ids, process_group=group, bucket_cap_mb=bucket_cap_mb, init_sync=not dry)
     if dry:

@@ -43,8 +43,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from harness.dims import ConfigError
 from harness.strategies import ep_fake
-from harness.strategies.base import Strategy
-from harness.strategies.pp_fake import over_fake_group
+from harness.strategies.base import Strategy, over_fake_group
 from models.moe import last_load, moe_layers, run_experts, summarize_load
 
 

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from harness.strategies import ep_fake
+from harness.strategies.base import over_fake_group
 from harness.strategies.ep import AllToAllDispatch
-from harness.strategies.pp_fake import over_fake_group
 from models.moe import moe_layers
 
 

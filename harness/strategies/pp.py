@@ -44,7 +44,7 @@ from torch.distributed.pipelining import (
 
 from harness import catalog
 from harness.strategies import pp_fake
-from harness.strategies.base import Strategy
+from harness.strategies.base import Strategy, over_fake_group
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 from harness.validate import num_microbatches
 from models.pipeline_split import stage_module, stage_splits
@@ -85,7 +85,7 @@ class PipelineStrategy(Strategy):
         self.model = torch.nn.ModuleList(modules)  # every parameter this rank holds, for the optimizer
         self.optimizer = self.make_optimizer(self.model.parameters(), foreach=self.foreach())
         self.schedule = None
-        if pp_fake.over_fake_group(self.mesh["pp"].get_group()):  # a dry run: stages built on the first step
+        if over_fake_group(self.mesh["pp"].get_group()):  # a dry run: stages built on the first step
             self.embedding = None if self.has_first else pp_fake.embedding_piece(self, model)
         else:
             self.build_schedule({})

@@ -23,14 +23,9 @@ built and parallelised like stage 0, on fake tensors).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from models.pipeline_split import StageSplit, stage_module
-
-
-def over_fake_group(group) -> bool:
-    return dist.get_backend(group) == "fake"
 
 
 def local_vote_stage(stage_class: type, hold_sends: bool) -> type:

@@ -28,9 +28,8 @@ import torch
 import torch.distributed as dist
 
 from harness.strategies import ds_fake
-from harness.strategies.base import Strategy, canonical_name
+from harness.strategies.base import Strategy, canonical_name, over_fake_group
 from harness.strategies.deepspeed import config as ds_config
-from harness.strategies.pp_fake import over_fake_group
 from harness.validate import num_microbatches
 
 # Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or

@@ -72,7 +72,7 @@ STRATEGIES = {s.name: s for s in (
     StrategyRow("fsdp", ("dp",), "fsdp", "sharded"),
     StrategyRow("tp", ("tp",), "tp", "replicated"),
     StrategyRow("pp", ("pp",), "pp", "replicated"),
-    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "mesh3d", "by_dp_shard"),
+    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "multi_axis", "by_dp_shard"),
     StrategyRow("ep", ("dp", "ep"), "ep", "replicated"),
 )}
 # 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
@@ -81,7 +81,7 @@ DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distrib
 # zero1's strategy.zero1_impl: ZeroRedundancyOptimizer, or the distributed optimizer (family "distributed")
 ZERO1_IMPL = {"torch_zero": "zero1_torch", "distributed": "distributed"}
 DEFAULT_DP_SHARD = "fsdp"
-MOE_DP_SHARD = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe3d.py)
+MOE_DP_SHARD = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe_stages.py)
 
 
 def dp_shard_runs(dp_shard: str, dp: int, tp: int, n_experts: int = 0) -> bool:

@@ -254,7 +254,7 @@ def _validate_torch_pipeline(run: RunConfig) -> None:
     if run.workload.precision == "fp16-mixed":
         raise ConfigError("fp16-mixed needs one loss scale and one inf/nan check across every pipeline stage, "
                           "which the torch pipeline strategies do not coordinate: use bf16-mixed or fp32")
-    if run.model.n_experts and "ep" not in catalog.strategy(s.name).axes:  # 3d carries it (strategies/moe3d.py)
+    if run.model.n_experts and "ep" not in catalog.strategy(s.name).axes:  # 3d carries it (strategies/moe_stages.py)
         raise ConfigError(f"strategy {s.name} does not carry the MoE load-balancing loss across stages "
                           f"(model {run.model.name}: n_experts {run.model.n_experts}): use a dense model, or "
                           f"strategy=3d, which does")

@@ -258,7 +258,7 @@ def test_compute_under_a_collective_pays_the_profiles_overlap_slowdown():
 
 def test_hsdp_replica_all_reduce_hides_behind_the_backward_on_a_gpu_not_on_a_cpu():
     """FSDP all-reduces each unit's gradient shard over the replicas during the rest of the backward
-    (layouts4d.replicate_exposed_s): on a GPU only the last unit's and any excess over the backward show;
+    (hsdp_cp.replicate_exposed_s): on a GPU only the last unit's and any excess over the backward show;
     on a CPU all of it."""
     from harness.costmodel import predict
     from harness.validate import validate

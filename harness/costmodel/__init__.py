@@ -17,9 +17,9 @@ anywhere. One formula per function, each citing its source:
     compute.py      one micro-batch's time: GEMMs by shape, attention, element-wise work
     step_time.py    compute, bubble, comm per axis and the exposed part of it
     memory_peak.py  the worst rank's peak memory
-    estimate.py     the assembled prediction; details.py the figures only predict adds
+    estimate.py     the assembled prediction; predict_figures.py the figures only predict adds
     published.py    the cost model against published GPU runs (lab/published_runs.yaml)
-    layouts4d.py    HSDP (dp_replicate) and context parallel (cp) over the base estimate
+    hsdp_cp.py      HSDP (dp_replicate) and context parallel (cp) over the base estimate
 
 What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.
 
@@ -35,7 +35,7 @@ from harness.validate import num_microbatches
 
 def predict(run, dims) -> dict:
     """Predicted figures for one config (RunConfig, ParallelDims), under the same names as the measured ones."""
-    from harness.costmodel import layouts4d
+    from harness.costmodel import hsdp_cp
     from harness.costmodel.estimate import evaluate
     from harness.costmodel.inputs import Hardware, Model, Strategy
 
@@ -44,13 +44,13 @@ def predict(run, dims) -> dict:
     hw, st = Hardware.of(run.hardware), Strategy.of(run.strategy)
 
     def at(dp: int, mb: float = w.micro_batch_size) -> dict:  # the base estimate at data degree dp (HSDP, cp:
-        # harness/costmodel/layouts4d.py)
+        # harness/costmodel/hsdp_cp.py)
         return evaluate(Model.of(run.model), hw, st, dp, dims.tp, dims.pp, dims.vpp, dims.ep, mb, m,
                         w.precision, w.activation_checkpointing, nodes=run.launcher.nodes, detail=True,
                         weight_decay=w.weight_decay)
-    out = at(layouts4d.base_data_degree(dims, False))
-    shard = at(layouts4d.base_data_degree(dims, True)) if dims.dp_replicate > 1 else None
-    local = at(layouts4d.base_data_degree(dims, dims.dp_replicate > 1), w.micro_batch_size / dims.cp) if dims.cp > 1 else None
-    out = layouts4d.adjust(out, shard, run.model, w, run.strategy.fsdp_accumulate, dims, hw, m, local)
+    out = at(hsdp_cp.base_data_degree(dims, False))
+    shard = at(hsdp_cp.base_data_degree(dims, True)) if dims.dp_replicate > 1 else None
+    local = at(hsdp_cp.base_data_degree(dims, dims.dp_replicate > 1), w.micro_batch_size / dims.cp) if dims.cp > 1 else None
+    out = hsdp_cp.adjust(out, shard, run.model, w, run.strategy.fsdp_accumulate, dims, hw, m, local)
     out["hardware"] = run.hardware.name
     return out

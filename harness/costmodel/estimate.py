@@ -7,16 +7,16 @@
     compute.py      one micro-batch's time: GEMMs by shape, attention, element-wise work
     step_time.py    compute, bubble, comm per axis and what of it is exposed
     memory_peak.py  the worst rank's peak memory
-    details.py      the figures only predict adds (FLOPs, MFU, per-rank lists)
+    predict_figures.py  the figures only predict adds (FLOPs, MFU, per-rank lists)
 On CPU one device is one core (launch/local.py: one thread per rank); when a node runs more ranks
 than it has cores they time-share, so each rank's FLOP/s and bandwidth divide by ranks_per_node / cores.
 """
 from __future__ import annotations
 
-from harness.costmodel.details import details
 from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.layout import Layout, layout
 from harness.costmodel.memory_peak import MemoryPeak, memory_peak
+from harness.costmodel.predict_figures import add_predict_figures
 from harness.costmodel.step_time import bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
 
 
@@ -48,7 +48,7 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "peak_mem_bytes": peak.peak_bytes,
         "peak_mem_phase": peak.phase,  # loss | end of backward (memory_peak.py)
         "grads_at_peak_bytes": peak.grads_bytes,
-        # the pp rank with the most gradient bytes, whose reductions the step waits for (layouts4d's HSDP
+        # the pp rank with the most gradient bytes, whose reductions the step waits for (hsdp_cp's HSDP
         # replica all-reduce); not necessarily the rank with the highest memory peak
         "grads_bytes_most": max(r.grads_bytes for r in lo.ranks),
         "compute_time_s": ct.compute_s,
@@ -93,4 +93,4 @@ def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, v
     """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.predict)."""
     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)
     out = finish(lo, mb, m, ckpt)
-    return details(out, lo, mb, m, ckpt) if detail else out
+    return add_predict_figures(out, lo, mb, m, ckpt) if detail else out

@@ -146,7 +146,7 @@ def block_tensors(shape: tuple, tp: int, ep: int) -> list[tuple[int, int, int, s
     if n_experts:
         out += [(1, *_local("router", (n_experts, h), tp), "dense")]
     # experts are whole on every tp rank: models/tp_plan.py plans the MLPs of dense blocks only, a MoE
-    # MLP runs replicated on the tp group's (replicated) activations (strategies/moe3d.py)
+    # MLP runs replicated on the tp group's (replicated) activations (strategies/moe_stages.py)
     mlp_tp = 1 if n_experts else tp
     for n, d_ff_in in MLP_MATRICES[mlp]:
         out += _linear(n, (h, d_ff) if d_ff_in else (d_ff, h), mlp_tp, bias, kind, experts)

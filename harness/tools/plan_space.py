@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness import catalog
-from harness.costmodel import layouts4d
+from harness.costmodel import hsdp_cp
 from harness.dims import ParallelDims
 
 
@@ -39,11 +39,11 @@ def hsdp_replicas(dp: int, world: int, ranks_per_node: int) -> list[int]:
 
 def hsdp_prediction(full: dict, shard: dict, lo, st, run, hw, mb: int, m: int, ckpt: str, rep: int) -> dict:
     """The prediction of an HSDP layout from the two base estimates, as `predict` makes it
-    (harness/costmodel/layouts4d.py adjust): `full` at the whole dp, `shard` at its shard group."""
+    (harness/costmodel/hsdp_cp.py adjust): `full` at the whole dp, `shard` at its shard group."""
     pl = lo.place
     w = replace(run.workload, micro_batch_size=mb, precision=lo.precision, activation_checkpointing=ckpt)
     dims = ParallelDims(dp=pl.dp, tp=pl.tp, pp=pl.pp, vpp=pl.vpp, world_size=pl.world, dp_replicate=rep)
-    return layouts4d.adjust({**full, "ranks_per_node": pl.ranks_per_node}, shard, run.model, w,
+    return hsdp_cp.adjust({**full, "ranks_per_node": pl.ranks_per_node}, shard, run.model, w,
                             st.fsdp_accumulate, dims, hw, m)
 
 

@@ -28,7 +28,7 @@ def check(rec: dict, ref: dict, comm_axes=AXES) -> dict:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return tmp_path_factory.mktemp("layouts4d")
+    return tmp_path_factory.mktemp("hsdp_cp")
 
 
 def test_hsdp_shards_within_a_group_and_all_reduces_across(results, single_reference):

@@ -41,7 +41,7 @@ from harness.strategies.cp import apply_context_parallel, cp_group, local_positi
 from harness.strategies.ddp import wrap_ddp
 from harness.strategies.distributed_optimizer import DistributedOptimizer
 from harness.strategies.fsdp import apply_fsdp, fsdp_mesh
-from harness.strategies.moe3d import MoEStages
+from harness.strategies.moe_stages import MoEStages
 from harness.strategies.pp import PipelineStrategy
 from harness.strategies.tp import apply_tensor_parallel, loss_parallel_context, register_grad_hooks
 from harness.validate import num_microbatches

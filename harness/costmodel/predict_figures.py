@@ -9,7 +9,7 @@ from harness.costmodel.layout import Layout
 MODEL_STATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
 
 
-def details(out: dict, lo, mb: int, m: int, ckpt: str) -> dict:
+def add_predict_figures(out: dict, lo, mb: int, m: int, ckpt: str) -> dict:
     """out + FLOPs, rates, per-rank lists; each memory figure its own max over ranks, as measured
     (harness/collect/aggregate.py): pipeline stages differ in states and activations."""
     out.update(rates_and_utilisation(out, lo, mb, m, ckpt))

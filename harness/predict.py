@@ -20,6 +20,7 @@ import sys
 from harness.catalog import fp32_on_gpu_note
 from harness.config import as_dict, compose_run
 from harness.costmodel import predict
+from harness.costmodel.memory_peak import TERMS
 from harness.dims import COMM_AXES, ConfigError
 from harness.labels import base_label, nbytes
 from harness.validate import validate
@@ -52,9 +53,10 @@ def summary(out: dict) -> str:
              f"{out.get('comm_exposed_time_s', 0):.4g} s, bubble {out.get('bubble_time_s', 0):.4g} s)",
              f"  throughput     {out['tokens_per_s']:.4g} tokens/s, {out['tokens_per_s_per_device']:.4g} per device, "
              f"MFU {out['mfu_pct']:.1f} %",
-             f"  memory/device  model states {nbytes(out['model_states_bytes'])}, activations "
+             f"  memory/device  model states {nbytes(out['model_states_bytes'])}, activations at their most "
              f"{nbytes(out['activations_bytes'])}, peak {nbytes(out['peak_mem_bytes'])}"
              + ("" if out.get("fits_in_memory", True) else "  (does NOT fit)"),
+             *peak_lines(out),
              "  comm/step      " + (", ".join(f"{a} {nbytes(out[f'comm_{a}_bytes'])}" for a in COMM_AXES
                                              if out.get(f"comm_{a}_bytes")) or "none")
              + f"; {out.get('comm_share_pct', 0):.1f} % of the step",
@@ -65,6 +67,17 @@ def summary(out: dict) -> str:
                else []),
              "all figures: --json (names and units: results/README.md)"]
     return "\n".join(lines)
+
+
+def peak_lines(out: dict) -> list[str]:
+    """The predicted peak as its terms (harness/costmodel/memory_peak.py TERMS), whole bytes that add up
+    to it, on the rank and at the phase where it falls."""
+    pp = out["dims"]["pp"]
+    where = f"pp rank {out['peak_mem_pp_rank']} of {pp}" if pp > 1 else "the busiest rank"
+    lines = [f"  peak, by term  on {where}, at {'the loss' if out['peak_mem_phase'] == 'loss' else 'the end of backward'}:"]
+    lines += [f"    {b / 2**30:>9.3f} GiB {b:>19,} B  {TERMS[k]}" for k, b in out["peak_mem_terms"].items()]
+    total = out["peak_mem_bytes"]
+    return [*lines, f"    {total / 2**30:>9.3f} GiB {total:>19,} B  = peak"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from harness.costmodel.inputs import Hardware, Model, Strategy
 from harness.costmodel.layout import Layout, layout
-from harness.costmodel.memory_peak import MemoryPeak, memory_peak
+from harness.costmodel.memory_peak import TRANSIENT_TERMS, MemoryPeak, memory_peak
 from harness.costmodel.predict_figures import add_predict_figures
 from harness.costmodel.step_time import bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
 
@@ -40,14 +40,18 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "params_bytes": w.params_bytes, "grads_bytes": w.grads_bytes, "optimizer_bytes": w.optimizer_bytes,
         "master_bytes": w.master_bytes, "model_states_bytes": w.model_states_bytes,
         "model_states_bytes_ideal": lo.ideal_model_states_bytes,
-        "activations_bytes": peak.activations_bytes,
-        "comm_buffer_bytes": peak.comm_buffer_bytes,
-        "fsdp_unsharded_bytes": peak.fsdp_unsharded_bytes,
-        "transient_bytes": peak.transient_bytes,
-        "allocator_bytes": peak.allocator_bytes,
+        # the most any rank's activations reach (its loss phase), whatever the peak's phase
+        "activations_bytes": peak.activations_most,
+        # the peak: the worst rank at its worst phase, as terms that add up to it (memory_peak.TERMS)
         "peak_mem_bytes": peak.peak_bytes,
+        "peak_mem_terms": dict(peak.terms),
         "peak_mem_phase": peak.phase,  # loss | end of backward (memory_peak.py)
+        "peak_mem_pp_rank": peak.rank.pp_rank,
         "grads_at_peak_bytes": peak.grads_bytes,
+        "comm_buffer_bytes": peak.bytes_of(("comm_buffers",)),
+        "fsdp_unsharded_bytes": peak.bytes_of(("fsdp_held",)),
+        "transient_bytes": peak.bytes_of(TRANSIENT_TERMS),
+        "allocator_bytes": peak.bytes_of(("allocator",)),
         # the pp rank with the most gradient bytes, whose reductions the step waits for (hsdp_cp's HSDP
         # replica all-reduce); not necessarily the rank with the highest memory peak
         "grads_bytes_most": max(r.grads_bytes for r in lo.ranks),

@@ -23,6 +23,7 @@ from __future__ import annotations
 from harness.catalog import PRECISION_BYTES
 from harness.costmodel import comm
 from harness.costmodel.estimate import overlap_interference_s
+from harness.costmodel.memory_peak import peak_terms
 
 PER_TOKEN = ("compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes",
              "comm_tp_time_s", "comm_pp_bytes", "comm_pp_time_s", "compute_gemm_time_s", "compute_attention_time_s",
@@ -32,7 +33,8 @@ PER_TOKEN = ("compute_time_s", "matmul_time_s", "bubble_time_s", "comm_tp_bytes"
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
 # what HSDP's shard group holds decides the peak too (its states, FSDP's gathered units and buffers)
 MEMORY = ("fsdp_unsharded_bytes", "transient_bytes", "comm_buffer_bytes", "allocator_bytes", "peak_mem_bytes",
-          "peak_mem_phase", "grads_at_peak_bytes", "memory_headroom_bytes", "fits_in_memory")
+          "peak_mem_terms", "peak_mem_phase", "peak_mem_pp_rank", "grads_at_peak_bytes", "memory_headroom_bytes",
+          "fits_in_memory")
 # what a cp rank's tokens decide (module docstring): taken from the base at mb / cp sequences
 CP_MEMORY = ("activations_bytes", *MEMORY)
 
@@ -143,8 +145,10 @@ def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw,
         if isinstance(out.get("activations_bytes_per_rank"), list):
             out["activations_bytes_per_rank"] = [a + mask_bytes for a in out["activations_bytes_per_rank"]]
         out["activations_bytes"] += mask_bytes
-        out["allocator_bytes"] += hw.allocator_overhead * mask_bytes
-        out["peak_mem_bytes"] += (1 + hw.allocator_overhead) * mask_bytes
+        terms = {k: v for k, v in out["peak_mem_terms"].items() if k != "allocator"}
+        out["peak_mem_terms"] = peak_terms({**terms, "cp_mask": mask_bytes}, hw.allocator_overhead)
+        out["allocator_bytes"] = out["peak_mem_terms"].get("allocator", 0)
+        out["peak_mem_bytes"] = sum(out["peak_mem_terms"].values())
         out["memory_headroom_bytes"] = hw.memory_bytes - out["peak_mem_bytes"]
         out["fits_in_memory"] = out["peak_mem_bytes"] <= hw.memory_bytes
         saved = sum((v or 0.0) for v in old.values()) * (1 - 1 / cp)

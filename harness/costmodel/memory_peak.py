@@ -33,42 +33,99 @@ from harness.costmodel import activations as act
 from harness.costmodel import ds_zero3, params
 from harness.costmodel import memory as mem
 
+# The terms of a predicted peak, in the order `python -m harness.predict` prints them: key -> what it is.
+# A peak's terms are whole bytes on one rank at one moment and add up to its peak exactly.
+TERMS = {
+    "params": "parameters",
+    "master": "fp32 master copy of the parameters (the optimizer's)",
+    "optimizer": "optimizer state (AdamW's moments and step)",
+    "grads": "gradients alive at the peak",
+    "comm_buffers": "gradient communication buffers (DDP's bucket copies, DeepSpeed's buckets)",
+    "fsdp_held": "unsharded parameters and gradients held across passes (FSDP; DeepSpeed ZeRO-3's kept gathered)",
+    "layer_activations": "activations the layers keep for backward, every micro-batch in flight",
+    "head_activations": "the last stage's final norm, head and loss activations",
+    "autocast_copies": "autocast's 16-bit weight copies, one set per micro-batch in flight",
+    "stage_outputs": "pipeline stage outputs kept for their micro-batch's backward",
+    "logits": "the last stage's logits, kept until their micro-batch's backward",
+    "weight_pass_captures": "output gradients captured for deferred weight passes (split backward)",
+    "pp_recv_buffers": "pipeline receive buffers (torch's stages: one per micro-batch of the step, each way; "
+                       "strategy.pp_recv_buffers=in_flight: one output gradient at a time)",
+    "cp_mask": "context parallel's attention mask",
+    "transient_loss": "transient: the loss's gradients (chunked: and its fp32 chunk)",
+    "transient_fsdp": "transient: FSDP's gathered units (the one running, the next prefetched, its gradients)",
+    "transient_fsdp_reduce": "transient: FSDP's unit being reduced (its gathered parameters, its gradients in the "
+                             "reduce dtype), the next unit gathered ahead, the root unit's gradients",
+    "transient_recompute": "transient: one block's activations while recompute reruns it",
+    "allocator": "the caching allocator's overhead (hardware compute.allocator_overhead)",
+}
+STATE_TERMS = ("params", "master", "optimizer", "grads")
+# what autograd keeps for backward (activations_bytes): every activation term but the receive buffers
+ACTIVATION_TERMS = ("layer_activations", "head_activations", "autocast_copies", "stage_outputs", "logits",
+                    "weight_pass_captures", "cp_mask")
+TRANSIENT_TERMS = ("transient_loss", "transient_fsdp", "transient_fsdp_reduce", "transient_recompute")
+
 
 @dataclass(slots=True)
 class MemoryPeak:
     rank: object  # layout.PipelineRank with the highest peak
-    activations_bytes: float
-    comm_buffer_bytes: float
-    fsdp_unsharded_bytes: float
-    transient_bytes: float
-    allocator_bytes: float
-    grads_bytes: float = 0.0  # the gradients alive at the peak (module docstring)
-    phase: str = "loss"  # loss | end of backward
+    phase: str  # loss | end of backward
+    terms: dict  # TERMS key -> whole bytes at the peak, in TERMS' order; zero terms left out
+    activations_most: float = 0.0  # the most any rank's activations reach (activations_at_most)
 
     @property
-    def peak_bytes(self) -> float:
-        r = self.rank
-        return (r.model_states_bytes - r.grads_bytes + self.grads_bytes + self.comm_buffer_bytes
-                + self.fsdp_unsharded_bytes + self.activations_bytes + self.transient_bytes + self.allocator_bytes)
+    def peak_bytes(self) -> int:
+        return sum(self.terms.values())
+
+    def bytes_of(self, keys) -> int:
+        return sum(self.terms.get(k, 0) for k in keys)
+
+    @property
+    def grads_bytes(self) -> int:
+        return self.terms.get("grads", 0)
 
 
-def rank_activation_bytes(lo, rank, mb: int, m: int, ckpt: str, rest: bool = False) -> float:
-    """Activations a pipeline rank holds at its peak: its layers x micro-batches in flight, the head x the
-    last stage's micro-batches in flight (activations.last_stage_in_flight), its stages' boundary
-    tensors (stage_boundary_bytes) and deferred weight passes' captures. rest: at the end of its first
-    backward, when one micro-batch in flight fewer is left."""
+def peak_terms(parts: dict, allocator_overhead: float) -> dict:
+    """The named parts of a peak (bytes, any order) as TERMS: whole bytes, in TERMS' order, zeros left out,
+    with the allocator's overhead on their sum."""
+    terms = {k: round(parts[k]) for k in TERMS if parts.get(k)}
+    if allocator_overhead:
+        terms["allocator"] = round(allocator_overhead * sum(terms.values()))
+    return terms
+
+
+def rank_activation_terms(lo, rank, mb: int, m: int, ckpt: str, rest: bool = False) -> dict:
+    """Activations a pipeline rank holds at its peak, by term: its layers x micro-batches in flight, the
+    head x the last stage's micro-batches in flight (activations.last_stage_in_flight), its stages'
+    boundary tensors (stage_boundary_terms) and deferred weight passes' captures. rest: at the end of its
+    first backward, when one micro-batch in flight fewer is left."""
     pt, pl = lo.per_token, lo.place
     layers = rank.layers * pt.layer_activation_bytes[ckpt] * mb
     head = pt.head_activation_bytes * mb if rank.last else 0.0
     if pl.pp == 1:
-        return 0.0 if rest else layers + head
+        return {} if rest else {"layer_activations": layers, "head_activations": head}
     head_flight = act.last_stage_in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m)
     # the largest of the rank's possible peaks: chunks held (each a 1/vpp micro-batch, whole until its
     # weight pass: at llama3_70b a deferred chunk's dry run holds all of it), `deferred` of them keeping
     # their weight pass's captured gradients
-    return max(layers * (held / pl.vpp - rest) + head * (head_flight - rest)
-               + stage_boundary_bytes(lo, rank, mb, m, held / pl.vpp) + deferred * weight_pass_capture_bytes(lo, rank, mb)
-               for held, deferred in act.split_backward_front(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank))
+    best, most = {}, -1.0
+    for held, deferred in act.split_backward_front(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank):
+        terms = {"layer_activations": layers * (held / pl.vpp - rest), "head_activations": head * (head_flight - rest),
+                 **stage_boundary_terms(lo, rank, mb, m, held / pl.vpp),
+                 "weight_pass_captures": deferred * weight_pass_capture_bytes(lo, rank, mb) if deferred else 0.0}
+        if (total := sum(terms.values())) > most:
+            best, most = terms, total
+    return best
+
+
+def activations_at_most(lo, rank, mb: int, m: int, ckpt: str) -> float:
+    """What autograd keeps for backward on a rank when it holds its most micro-batches (its loss phase):
+    the activation terms (ACTIVATION_TERMS: the receive buffers are the pipeline's, not autograd's) and
+    autocast's weight copies. `activations_bytes` and its per-rank list."""
+    return _autograd_bytes(lo, rank, m, rank_activation_terms(lo, rank, mb, m, ckpt))
+
+
+def _autograd_bytes(lo, rank, m: int, terms: dict) -> float:
+    return sum(v for k, v in terms.items() if k in ACTIVATION_TERMS) + autocast_copies_bytes(lo, rank, m)
 
 
 def weight_pass_capture_bytes(lo, rank, mb: int) -> float:
@@ -87,7 +144,7 @@ def weight_pass_capture_bytes(lo, rank, mb: int) -> float:
     return rank.layers / len(rank.stages) * per_layer
 
 
-def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:
+def stage_boundary_terms(lo, rank, mb: int, m: int, flight: float) -> dict:
     """What torch's pipeline stages hold at their edges, a residual-stream tensor (mb, s, h) each: a
     stage's output of every micro-batch in flight (kept for its backward; the next stage's input, so no
     layer counts it; the last stage's output is the logits, (mb, s, V / tp) in the matmul's dtype, which
@@ -107,8 +164,10 @@ def stage_boundary_bytes(lo, rank, mb: int, m: int, flight: float) -> float:
         first = catalog.schedule(st.schedule).order in ("all_forward_first", "breadth_first")
         logits = (m if first else 1) * mb * lo.model.s * lo.model.V / pl.tp * lo.per_token.act_elem_bytes
     if st.pp_recv_buffers == "in_flight":
-        return logits + one * not_last * (flight + 1)
-    return logits + one * (not_last * (flight + m) + not_first * max(m - flight, 0.0))
+        recv = one * not_last
+    else:
+        recv = one * (not_last * m + not_first * max(m - flight, 0.0))
+    return {"stage_outputs": one * not_last * flight, "logits": logits, "pp_recv_buffers": recv}
 
 
 def fsdp_held_bytes(lo, rank, m: int, accumulated: bool) -> float:
@@ -141,66 +200,73 @@ def unsharded_grad_elem_bytes(st) -> int:
     return 2 if st.comm_hook == "bf16" else 4
 
 
-def transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
+def transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
+    """The largest transient at the loss, by what it is (one term: they come one after another)."""
     pt = lo.per_token
+    candidates = {}
     if rank.last:
-        out = pt.logits_bytes * mb + act.loss_chunk_bytes(pt.loss, pt.loss_chunk_tokens, mb * lo.model.s, lo.model.V)
-    else:
-        out = 0.0
+        candidates["transient_loss"] = (pt.logits_bytes * mb
+                                        + act.loss_chunk_bytes(pt.loss, pt.loss_chunk_tokens, mb * lo.model.s, lo.model.V))
     if lo.strategy.family == "sharded" and lo.place.dp > 1:
-        out = max(out, 3 * lo.fsdp_block_bytes)  # this unit's and the prefetched unit's params + its grads
+        candidates["transient_fsdp"] = 3 * lo.fsdp_block_bytes  # this unit's and the prefetched unit's params + its grads
+    if recompute := recompute_block_bytes(lo, mb, ckpt):
+        candidates["transient_recompute"] = recompute
+    if not candidates:
+        return {}
+    key = max(candidates, key=candidates.get)
+    return {key: candidates[key]}
+
+
+def recompute_block_bytes(lo, mb: int, ckpt: str) -> float:
+    """What one block's recompute materialises beyond what it kept: all of `none`'s activations under full
+    recompute, what selective_op did not keep under it; 0 otherwise."""
+    pt = lo.per_token
     if ckpt == "full":
-        out = max(out, pt.layer_activation_bytes["none"] * mb)  # one block while it is recomputed
-    elif ckpt == "selective_op":  # what one block's recompute materialises beyond what it kept
-        out = max(out, (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb)
-    return out
+        return pt.layer_activation_bytes["none"] * mb
+    if ckpt == "selective_op":
+        return (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb
+    return 0.0
 
 
-def backward_end_transient_bytes(lo, rank, mb: int, ckpt: str) -> float:
+def backward_end_transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
     """What the end of backward holds beyond the gradients and the held state. FSDP: the unit being
     reduced, its gathered params and their unsharded grads in the reduce dtype (FSDP2 casts before it
     reduce-scatters), the next unit's params gathered ahead, and the root unit's grads, unsharded until
     its own reduce-scatter ends the backward. Recompute: one block's activations while it reruns."""
-    out = 0.0
+    out = {}
     if lo.strategy.family == "sharded" and lo.place.dp > 1:
         e = lo.per_token.unsharded_elem_bytes
         block = lo.fsdp_block_bytes / e
-        out = block * (2 * e + unsharded_grad_elem_bytes(lo.strategy)) + root_numel(lo, rank) * e
-    pt = lo.per_token
-    if ckpt == "full":
-        out += pt.layer_activation_bytes["none"] * mb
-    elif ckpt == "selective_op":
-        out += (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb
+        out["transient_fsdp_reduce"] = block * (2 * e + unsharded_grad_elem_bytes(lo.strategy)) + root_numel(lo, rank) * e
+    out["transient_recompute"] = recompute_block_bytes(lo, mb, ckpt)
     return out
 
 
 def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
-    """The rank whose model states + activations are largest, with its buffers and transients."""
-    worst, worst_total, worst_acts = None, -1.0, 0.0
+    """The rank whose model states + activations are largest, with its buffers and transients, at the
+    larger of its two phases (module docstring)."""
+    worst, worst_total, worst_acts, most = None, -1.0, {}, 0.0
     for rank in lo.ranks:
-        acts = rank_activation_bytes(lo, rank, mb, m, ckpt)
-        if rank.model_states_bytes + acts > worst_total:
-            worst, worst_total, worst_acts = rank, rank.model_states_bytes + acts, acts
+        acts = rank_activation_terms(lo, rank, mb, m, ckpt)
+        most = max(most, _autograd_bytes(lo, rank, m, acts))
+        if (total := rank.model_states_bytes + sum(acts.values())) > worst_total:
+            worst, worst_total, worst_acts = rank, total, acts
     st = lo.strategy
-    buffers = (mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
-                                     4 if lo.precision == "fp32" else 2, worst.numel)
-               if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed") else 0)
+    states = {"params": worst.params_bytes, "master": worst.master_bytes, "optimizer": worst.optimizer_bytes}
+    if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed"):
+        states["comm_buffers"] = mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
+                                                       4 if lo.precision == "fp32" else 2, worst.numel)
     live = grads_live_at_loss(lo, worst, m)
-    held, held_end = fsdp_held_bytes(lo, worst, m, live), fsdp_held_bytes(lo, worst, m, True)
-    transient = transient_bytes(lo, worst, mb, ckpt)
-    grads = grads_at_loss_bytes(lo, worst, m) if live else 0.0
-    worst_acts += autocast_copies_bytes(lo, worst, m)
-    loss_phase = held + grads + worst_acts + transient
+    loss = {"grads": grads_at_loss_bytes(lo, worst, m) if live else 0.0,
+            "fsdp_held": fsdp_held_bytes(lo, worst, m, live), **worst_acts,
+            "autocast_copies": autocast_copies_bytes(lo, worst, m), **transient_terms(lo, worst, mb, ckpt)}
     # the end of a backward: a pipeline rank still holds its other micro-batches in flight
-    rest = rank_activation_bytes(lo, worst, mb, m, ckpt, rest=True) + autocast_copies_bytes(lo, worst, m, rest=True)
-    transient_end = backward_end_transient_bytes(lo, worst, mb, ckpt)
-    backward_end = held_end + worst.grads_bytes + rest + transient_end
-    if backward_end > loss_phase:
-        peak = MemoryPeak(worst, rest, buffers, held_end, transient_end, 0.0, worst.grads_bytes, "end of backward")
-    else:
-        peak = MemoryPeak(worst, worst_acts, buffers, held, transient, 0.0, grads, "loss")
-    peak.allocator_bytes = lo.hw.allocator_overhead * peak.peak_bytes
-    return peak
+    end = {"grads": worst.grads_bytes, "fsdp_held": fsdp_held_bytes(lo, worst, m, True),
+           **rank_activation_terms(lo, worst, mb, m, ckpt, rest=True),
+           "autocast_copies": autocast_copies_bytes(lo, worst, m, rest=True),
+           **backward_end_transient_terms(lo, worst, mb, ckpt)}
+    phase, parts = ("end of backward", end) if sum(end.values()) > sum(loss.values()) else ("loss", loss)
+    return MemoryPeak(worst, phase, peak_terms({**states, **parts}, lo.hw.allocator_overhead), most)
 
 
 def autocast_copies_bytes(lo, rank, m: int, rest: bool = False) -> float:

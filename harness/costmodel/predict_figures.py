@@ -1,10 +1,10 @@
 """The figures only `predict` reports beside the planner's: FLOPs, rates, MFU, per-rank lists, Amdahl."""
 from __future__ import annotations
 
-from harness.costmodel import activations as act
 from harness.costmodel import pipeline as pipe
 from harness.costmodel.flops import hardware_flops_per_step, mfu_peak_tflops, model_flops_per_step
 from harness.costmodel.layout import Layout
+from harness.costmodel.memory_peak import activations_at_most
 
 MODEL_STATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
 
@@ -54,11 +54,9 @@ def per_rank_lists(lo: Layout, mb: int, m: int, ckpt: str) -> dict:
     keys = (*MODEL_STATE_KEYS[:4], "model_states_bytes", "activations_bytes")
     lists: dict = {k: [] for k in keys}
     params = []
-    layer_act = lo.per_token.layer_activation_bytes[ckpt] * mb
     pl = lo.place
     for rank in lo.ranks:
-        acts = act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) * (
-            rank.layers * layer_act + (lo.per_token.head_activation_bytes * mb if rank.last else 0))
+        acts = activations_at_most(lo, rank, mb, m, ckpt)
         for p_b, g_b, o_b, x_b in rank.states:
             for _ in range(pl.tp):
                 for k, val in zip(keys, (p_b, g_b, o_b, x_b, p_b + g_b + o_b + x_b, acts)):

@@ -31,8 +31,7 @@ import socket
 import time
 from pathlib import Path
 
-from harness import strategies
-from harness.run import record
+from harness import rundir, strategies
 from harness.validate import num_microbatches
 from launch.fork import ChildError, Forked
 from launch.local import LaunchResult
@@ -69,16 +68,16 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
                     log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
                     error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
                              "oom": False, "traceback": e.child_traceback[-8000:]}
-                    record.write_atomic(run_dir / record.error_file(rank), json.dumps(error, indent=1))
+                    rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
                     return LaunchResult(1, False, time.monotonic() - t0, log_path)
                 log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")
                 results[rank] = result
-                record.write_atomic(run_dir / record.PROGRESS, f"{len(results)} {len(ranks)}")
+                rundir.write_atomic(run_dir / rundir.PROGRESS, f"{len(results)} {len(ranks)}")
             if on_poll:
                 on_poll()
     measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims),
                    "ranks": [results[r] for r in ranks]}
-    record.write_atomic(run_dir / record.MEASUREMENT, json.dumps(measurement, indent=1))
+    rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)
 
 

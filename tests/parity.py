@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from harness import catalog
-from harness.run import record
+from harness import catalog, rundir
 from tests.helpers import REPO, run
 
 INJECT = REPO / "tests" / "inject"
@@ -129,7 +128,7 @@ def parity_run(overrides, results_dir: Path, plant: str | None = None) -> dict:
 
 def gradients(rec: dict) -> dict[str, list[torch.Tensor]]:
     """{parameter name: [the full gradient from every rank that holds it]}."""
-    files = sorted(Path(rec["run_dir"]).glob(record.GRADS_GLOB))
+    files = sorted(Path(rec["run_dir"]).glob(rundir.GRADS_GLOB))
     assert len(files) == rec["dims"]["world_size"], f"{len(files)} gradient dumps for {rec['dims']}"
     out: dict[str, list[torch.Tensor]] = {}
     for f in files:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.run.record import grads_file
+from harness.rundir import grads_file
 from tests.parity import HEAVY, LAYOUTS, check_gradients, check_losses, worst
 
 GRADS = {"wte.weight": torch.tensor([[1.0, -2.0], [0.5, 3.0]]), "ln_f.bias": torch.tensor([0.25, -0.75])}

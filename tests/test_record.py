@@ -203,7 +203,7 @@ def test_a_reader_waits_for_an_append_in_progress(tmp_path):
 
 
 def test_write_atomic_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
-    from harness.run.record import write_atomic
+    from harness.rundir import write_atomic
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -219,7 +219,7 @@ def test_write_atomic_syncs_the_file_before_the_rename_and_the_directory_after(t
 
 
 def test_write_atomic_that_fails_leaves_the_old_file_and_no_partial_one(tmp_path):
-    from harness.run.record import write_atomic
+    from harness.rundir import write_atomic
 
     target = tmp_path / "measurement.json"
     write_atomic(target, b"old")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import catalog
-from harness.run.record import write_atomic
+from harness.rundir import write_atomic
 
 # Imports inside functions: harness.report, harness.report.study, which would make an import cycle at the top.
 

@@ -31,7 +31,7 @@ from harness.report.blocks import Figures, table
 from harness.report.charts import STRATEGY_COLOURS
 from harness.report.page import STATIC, plotly_js
 from harness.run import record as rec
-from harness.run.record import write_atomic
+from harness.rundir import write_atomic
 
 INDEX = "index.html"
 

@@ -19,7 +19,7 @@ from harness.labels import esc
 from harness.report import dp_mode, mesh_mode, pp_mode, tp_mode, views
 from harness.report.blocks import Figures
 from harness.report.study import Study, candidates
-from harness.run.record import write_atomic
+from harness.rundir import write_atomic
 
 # Imports inside functions: plotly (only for a report).
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import catalog
+from harness import catalog, rundir
 from harness.collect.aggregate import config_records
 from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
 from harness.labels import base_label, labels
@@ -173,7 +173,7 @@ class Run:
         if d is None or not d.is_dir():
             return []
         out = []
-        for f in sorted(d.glob(rec.TIMELINE_GLOB)):
+        for f in sorted(d.glob(rundir.TIMELINE_GLOB)):
             try:
                 doc = json.loads(f.read_text())
             except (OSError, json.JSONDecodeError):

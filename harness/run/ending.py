@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness import rundir
 from harness.collect.aggregate import config_records
 from harness.config import GiB
 from harness.labels import ci_text, labels, nbytes
@@ -169,7 +170,7 @@ def failure(error: BaseException) -> tuple[Status, str]:
 
 
 def claim_path(results_dir: str, study: str, run_id: str) -> Path:
-    return Path(results_dir) / "runs" / study / ".claims" / f"{run_id}.lock"
+    return rundir.runs_dir(results_dir, study) / ".claims" / f"{run_id}.lock"
 
 
 def take_claim(results_dir: str, study: str, run_id: str, holder: str) -> tuple[int | None, str]:
@@ -343,7 +344,7 @@ def signal_name(code: int) -> str:
 
 def error_files(run_dir: Path) -> list[dict]:
     out = []
-    for path in sorted(Path(run_dir).glob(rec.ERROR_GLOB)):
+    for path in sorted(Path(run_dir).glob(rundir.ERROR_GLOB)):
         try:
             out.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -403,7 +404,7 @@ def verdict(run, run_dir: Path, result) -> tuple[str, str] | None:
     if result.interrupted:
         return "interrupted", (f"brigade received {result.interrupted} while the run was in flight; "
                                f"every process of the run ended")
-    if not (Path(run_dir) / rec.MEASUREMENT).exists():
+    if not (Path(run_dir) / rundir.MEASUREMENT).exists():
         return launcher_death(result) or ("failed", f"workers exited with code {result.returncode}: "
                                                     f"{last_exception(result.log_path) or log_tail(result.log_path)}")
     return None

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness import rundir
 from harness.collect.aggregate import aggregate, environment
 from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.costmodel import predict
@@ -28,7 +29,8 @@ from harness.labels import base_label, own_label, slug
 from harness.run import ending
 from harness.run import record as rec
 from harness.run.ending import Ending, claim_path, console, failure, held_by, holder_line, print_table, received
-from harness.run.record import Status, log_record, results_problem, run_identity, write_atomic
+from harness.run.record import Status, log_record, results_problem, run_identity
+from harness.rundir import write_atomic
 from harness.validate import validate
 
 # Imports inside functions: Hydra (only the parent composes configs); launch.slurm, which only a SLURM job needs.
@@ -36,7 +38,7 @@ from harness.validate import validate
 
 def _fresh_run_dir(results_dir: str, study: str, name: str) -> Path:
     """A new directory per attempt: an earlier attempt's files are never overwritten."""
-    base = Path(results_dir) / "runs" / study
+    base = rundir.runs_dir(results_dir, study)
     for attempt in range(1000):
         d = base / (name if attempt == 0 else f"{name}.{attempt}")
         try:
@@ -59,7 +61,7 @@ def _slurm_job(run: RunConfig) -> str | None:
 def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str) -> Path:
     """One dir per SLURM job (a requeued job gets a new one: its restart count is in the name)."""
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    d = Path(run.results_dir) / "runs" / run.study / f"{name}.slurm{slurm_job}{f'.r{restarts}' if restarts else ''}"
+    d = rundir.runs_dir(run.results_dir, run.study) / f"{name}.slurm{slurm_job}{f'.r{restarts}' if restarts else ''}"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -157,8 +159,8 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
     # its files are written atomically (all nodes write the same content; workers read them).
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
     at.run_dir = run_dir
-    write_atomic(run_dir / rec.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
-    write_atomic(run_dir / rec.PREDICTION, json.dumps(predicted, indent=1))
+    write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
+    write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
     rec.start_git_probe()
     status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, ending)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
@@ -238,8 +240,8 @@ def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
 
 def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str, ending: Ending):
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
-    log_path = run_dir / rec.WORKERS_LOG
-    progress_file = run_dir / rec.PROGRESS
+    log_path = run_dir / rundir.WORKERS_LOG
+    progress_file = run_dir / rundir.PROGRESS
     with _progress(label, ending) as (bar, task):
         def on_poll():
             try:
@@ -257,7 +259,7 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
     ended = ending.verdict(run, run_dir, result)
     if ended is not None:
         return (*ended, {}, {})
-    measurement = json.loads((run_dir / rec.MEASUREMENT).read_text())
+    measurement = json.loads((run_dir / rundir.MEASUREMENT).read_text())
     try:
         measured = aggregate(run, dims, measurement)
     except Exception as e:  # noqa: BLE001 - a bug in aggregation must still yield a record

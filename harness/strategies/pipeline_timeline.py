@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from harness.run import record
-from harness.run.record import write_atomic
+from harness import rundir
+from harness.rundir import write_atomic
 
 # Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
 # modes use.
@@ -146,7 +146,7 @@ class Timeline:
         if run_dir is not None and steps:
             last = steps[-1]
             doc = {**header, "step": last, **resolved[last]}
-            write_atomic(Path(run_dir) / record.timeline_file(header["rank"]), json.dumps(doc, indent=1))
+            write_atomic(Path(run_dir) / rundir.timeline_file(header["rank"]), json.dumps(doc, indent=1))
         return statistics.median(self.bubble_pct(r) for r in resolved.values())
 
 

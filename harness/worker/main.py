@@ -25,15 +25,14 @@ from typing import NoReturn
 
 from omegaconf import OmegaConf
 
-from harness import strategies
+from harness import rundir, strategies
 from harness.collect.aggregate import rank_fingerprint
 from harness.config import to_run_config
-from harness.run import record
-from harness.run.record import write_atomic
+from harness.rundir import write_atomic
 from harness.validate import num_microbatches, validate
 
 # Imports inside functions: torch and what imports it, which the parent process never loads; importlib (the
-# strategy module is named by the config); harness.run.record, which would make an import cycle at the top.
+# strategy module is named by the config).
 
 
 def _write_json(path: Path, obj) -> None:
@@ -77,7 +76,7 @@ def main(run_dir: str) -> None:
     try:
         _run(run_dir, rank)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for torchrun
-        _write_json(run_dir / record.error_file(rank),
+        _write_json(run_dir / rundir.error_file(rank),
                     {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e)[:4000],
                      "oom": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
         raise
@@ -149,7 +148,7 @@ def _run(run_dir: Path, rank: int) -> None:
     from models.gpt import build_model
 
     stamps["imported"] = time.time()
-    run = to_run_config(OmegaConf.load(run_dir / record.CONFIG))
+    run = to_run_config(OmegaConf.load(run_dir / rundir.CONFIG))
     dims = validate(run)
     nmb = num_microbatches(run, dims)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -194,7 +193,7 @@ def _run(run_dir: Path, rank: int) -> None:
     if run.slow_step_pct:
         _slow_steps(strategy, run.slow_step_pct, device)
 
-    progress_file = run_dir / record.PROGRESS
+    progress_file = run_dir / rundir.PROGRESS
 
     def progress(done: int, total: int) -> None:
         if rank == 0:
@@ -217,7 +216,7 @@ def _run(run_dir: Path, rank: int) -> None:
     gathered = [None] * dims.world_size
     dist.all_gather_object(gathered, result)
     if rank == 0:
-        _write_json(run_dir / record.MEASUREMENT, {"num_microbatches": nmb, "ranks": gathered})
+        _write_json(run_dir / rundir.MEASUREMENT, {"num_microbatches": nmb, "ranks": gathered})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -268,7 +267,7 @@ def make_hooks(run, dims, run_dir, strategy=None) -> list:
 # pipeline's stages done), and the optimizer has not yet read or freed it. There each rank calls
 # `strategy.full_gradients()` (a collective: FSDP shards and TP slices are gathered, DeepSpeed's
 # partitions assembled) and writes {single-process parameter name: fp32 tensor} to
-# <run_dir>/grads_rank<r>.pt (harness/run/record.py); then the wrapper removes itself. Step 0 is a warm-up
+# <run_dir>/grads_rank<r>.pt (harness/rundir.py); then the wrapper removes itself. Step 0 is a warm-up
 # step (not timed), and the timed loop's code is the same with or without the hook.
 
 GRAD_DUMP_ENV = "BRIGADE_GRAD_DUMP"
@@ -283,7 +282,7 @@ class GradDump:
         import torch.distributed as dist
 
 
-        self.path = Path(run_dir) / record.grads_file(dist.get_rank())
+        self.path = Path(run_dir) / rundir.grads_file(dist.get_rank())
         optimizer = strategy.stepping_optimizer()
         original = optimizer.step
 
@@ -296,8 +295,6 @@ class GradDump:
 
     def _dump(self, strategy) -> None:
         import torch
-
-        from harness.run.record import write_atomic
 
         buf = io.BytesIO()
         torch.save(strategy.full_gradients(), buf)

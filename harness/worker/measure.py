@@ -19,10 +19,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from harness import rundir
 from harness.collect import trace_analysis
 from harness.dims import COMM_AXES
-from harness.run import record
-from harness.run.record import write_atomic
+from harness.rundir import write_atomic
 
 # Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
 # modes use.
@@ -403,7 +403,7 @@ class ProfiledWindow:
         device = strategy.device
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         rank = dist.get_rank()
-        path = self.run_dir / record.trace_file(rank)
+        path = self.run_dir / rundir.trace_file(rank)
         tmp = path.with_suffix(".tmp")
         # One warm-up step under the profiler (its start-up cost), then n recorded steps; the trace
         # is written when the active steps end (on_trace_ready), before the profiler drops it.

@@ -22,7 +22,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from harness.run.record import write_atomic
+from harness.rundir import write_atomic
 
 # DeepSpeed's dynamic fp16 loss scaling defaults (loss_scale 0 = dynamic), stated so the JSON is explicit
 FP16_SECTION = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,

@@ -93,3 +93,12 @@ def test_predict_prints_the_peak_as_terms_that_sum_to_it(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [(b, TERMS[k]) for k, b in out["peak_mem_terms"].items()] == terms and total == out["peak_mem_bytes"]
     assert "pipeline receive buffers" in text and f"on pp rank {out['peak_mem_pp_rank']} of 4" in text
+
+
+def test_megatrons_ddp_reduces_its_grad_buffer_in_place():
+    """torch's DDP keeps bucket copies of the gradients beside them; Megatron-LM's (the bf16 module that
+    strategy.low_precision_params prices) all-reduces its contiguous fp32 gradient buffer in place."""
+    torch_ddp = predict_overrides(FAMILIES["ddp"])
+    megatron = predict_overrides([*FAMILIES["ddp"], "strategy.low_precision_params=true"])
+    assert torch_ddp["peak_mem_terms"]["comm_buffers"] == torch_ddp["grads_bytes"] > 0
+    assert "comm_buffers" not in megatron["peak_mem_terms"] and megatron["comm_buffer_bytes"] == 0

@@ -65,7 +65,10 @@ def _shard_index(kind: str, dp_rank: int, ep: int) -> int:
 def replicate(groups, dp, ep, precision, knobs, dp_ranks):
     """torch autocast: fp32 params and grads. knobs (True,): Megatron-LM's bf16 module under DDP
     (Float16OptimizerWithFloat16Params; priced, not run): bf16 params, fp32 main grads in DDP's buffer
-    (bf16 accumulates and all-reduces them in fp32), an fp32 main copy of every param in the optimizer."""
+    (bf16 accumulates and all-reduces them in fp32), an fp32 main copy of every param in the optimizer.
+    That buffer is contiguous and all-reduced in place, so no bucket copies beside it (Megatron-LM's
+    arguments.py turns on accumulate_allreduce_grads_in_fp32 for bf16, and megatron/model/distributed.py
+    DistributedDataParallel asserts use_contiguous_buffers with it), where torch's DDP keeps them."""
     n = numel(groups)
     if knobs and knobs[0]:
         one = (2 * n, 4 * n, 8 * n + 4 * n_tensors(groups), 4 * n)

@@ -48,8 +48,8 @@ TERMS = {
     "stage_outputs": "pipeline stage outputs kept for their micro-batch's backward",
     "logits": "the last stage's logits, kept until their micro-batch's backward",
     "weight_pass_captures": "output gradients captured for deferred weight passes (split backward)",
-    "pp_recv_buffers": "pipeline receive buffers (torch's stages: one per micro-batch of the step, each way; "
-                       "strategy.pp_recv_buffers=in_flight: one output gradient at a time)",
+    "pp_recv_buffers": "pipeline receive buffers (torch's stages: one per micro-batch of the step each way; "
+                       "pp_recv_buffers=in_flight, Megatron's: one at a time)",
     "cp_mask": "context parallel's attention mask",
     "transient_loss": "transient: the loss's gradients (chunked: and its fp32 chunk)",
     "transient_fsdp": "transient: FSDP's gathered units (the one running, the next prefetched, its gradients)",
@@ -253,7 +253,8 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
             worst, worst_total, worst_acts = rank, total, acts
     st = lo.strategy
     states = {"params": worst.params_bytes, "master": worst.master_bytes, "optimizer": worst.optimizer_bytes}
-    if lo.place.dp > 1 and (st.uses_ddp or st.family == "deepspeed"):
+    # Megatron-LM's DDP (low_precision_params) all-reduces its contiguous fp32 grad buffer in place: no copies
+    if lo.place.dp > 1 and ((st.uses_ddp and not st.low_precision_params) or st.family == "deepspeed"):
         states["comm_buffers"] = mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
                                                        4 if lo.precision == "fp32" else 2, worst.numel)
     live = grads_live_at_loss(lo, worst, m)

@@ -28,7 +28,7 @@ from rich.table import Table
 from harness.collect import aggregate
 from harness.collect.aggregate import COMPARED
 from harness.labels import ci_text, labels, nbytes
-from harness.run import record as rec
+from harness.run import results_file
 
 DEFAULT_THRESHOLD_PCT = 5.0
 MEMORY_KEYS = ("peak_mem_bytes", "model_states_bytes")
@@ -100,7 +100,7 @@ def env_differences(a: list[dict], b: list[dict]) -> list[tuple[str, str, str]]:
 def _read(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"no records file at {path}")
-    records = aggregate.latest(rec.read(path))
+    records = aggregate.latest(results_file.read(path))
     if not records:
         raise ValueError(f"{path} holds no records")
     return records

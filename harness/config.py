@@ -282,6 +282,17 @@ def to_run_config(cfg: Any) -> RunConfig:
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1} (an empty dict stays a value)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def as_dict(run: RunConfig) -> dict:
     """The plain nested dict of a RunConfig (its values are resolved: to_run_config made it)."""
     return dataclasses.asdict(run)

@@ -25,7 +25,7 @@ from harness.config import compose_run, to_run_config
 from harness.costmodel import predict
 from harness.dims import ParallelDims
 from harness.labels import labels
-from harness.run.record import latest_by_run_id, read
+from harness.run.results_file import latest_by_run_id, read
 from harness.tools.plan_check import spearman
 
 # -- the table ----------------------------------------------------------------------------------

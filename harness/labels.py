@@ -14,9 +14,8 @@ from __future__ import annotations
 import html
 import math
 
-from harness.config import NON_SEMANTIC_KEYS
+from harness.config import NON_SEMANTIC_KEYS, flatten
 from harness.dims import DEGREES, degrees
-from harness.run.record import flatten
 
 # Shown in the base label (strategy, engine, degrees, schedule), never again as an extra.
 IN_BASE = ("strategy.name", "strategy.engine", "strategy.schedule", "strategy.zero_stage", "strategy.axes",

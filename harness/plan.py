@@ -49,7 +49,7 @@ from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
 from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.memory_peak import memory_peak
 from harness.dims import DEGREES
-from harness.run.record import read, records_path
+from harness.run.results_file import read, records_path
 from harness.tools import plan_check
 from harness.tools.plan_dryrun import dryrun_top
 from harness.tools.plan_reasons import network, why

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.collect.aggregate import key as repeat_key
+from harness.config import flatten
 from harness.labels import labels
-from harness.run import record as rec
-from harness.run.record import flatten
+from harness.run import results_file
 
 # Imports inside functions: pandas (only for harness.results).
 
@@ -30,7 +30,7 @@ def load(path: str | Path, latest: bool = True):
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or not all(f.exists() for f in files):
         raise FileNotFoundError(f"no records at {path} (a <study>.jsonl file or a directory of them)")
-    records = [r for f in files for r in rec.read(f) if isinstance(r, dict) and "run_id" in r]
+    records = [r for f in files for r in results_file.read(f) if isinstance(r, dict) and "run_id" in r]
     if latest:  # per study: two studies may run the same config
         keep = {(r.get("study"), *repeat_key(r)): r for r in records}  # each repeat (repeats=N) its own row
         records = [r for r in records if keep[(r.get("study"), *repeat_key(r))] is r]

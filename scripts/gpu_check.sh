@@ -101,7 +101,7 @@ fi
 $PY - "$RESULTS" <<'PYEOF'
 import sys
 from pathlib import Path
-from harness.run.record import latest_by_run_id, read
+from harness.run.results_file import latest_by_run_id, read
 for study in ("gpu_single", "dp_vs_3d"):
     path = Path(sys.argv[1]) / f"{study}.jsonl"
     if not path.exists():

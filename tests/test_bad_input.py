@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from harness.config import DOMAINS, RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError
 from harness.run import record as rec
+from harness.run import results_file
 from harness.run.job import _plan
 from launch import local
 from tests.helpers import REPO, cli, compose_config, records
@@ -95,7 +96,7 @@ def test_any_config_passes_or_is_an_invalid_record_with_a_message(tmp_path, monk
     if record is not None:
         assert record["status"] == "invalid" and record["error"].strip()
         assert "brigade bug" not in record["error"], record["error"]
-        json.dumps(rec.finite(record), default=str, allow_nan=False)  # strict JSON
+        json.dumps(results_file.finite(record), default=str, allow_nan=False)  # strict JSON
 
 
 @pytest.mark.parametrize("override, message", [

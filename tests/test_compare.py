@@ -142,7 +142,7 @@ def test_wandb_defines_the_scaling_metrics_and_logs_the_intervals(tmp_path):
     in config and summary, and the tokens/s interval's bounds in the summary."""
     from omegaconf import OmegaConf
 
-    from harness.run.record import SCALING_METRICS, log_record, run_identity
+    from harness.run.wandb_log import SCALING_METRICS, log_record, run_identity
     from tests.wandb_file import records as wandb_records
     from tests.wandb_file import summary_and_history
 

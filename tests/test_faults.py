@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import record as rec
+from harness.run import results_file
 from tests.helpers import FAST, REPO
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def strict_records(results_dir: Path, study: str = "adhoc") -> list[dict]:
         raise AssertionError(f"non-standard JSON constant {name}")
 
     path = Path(results_dir) / f"{study}.jsonl"
-    text = rec.locked_bytes(path).decode() if path.exists() else ""  # as every reader: no append half-seen
+    text = results_file.locked_bytes(path).decode() if path.exists() else ""  # as every reader: no append half-seen
     assert not text or text.endswith("\n"), "a torn last line"
     return [json.loads(l, parse_constant=refuse) for l in text.splitlines()]
 

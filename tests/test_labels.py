@@ -59,7 +59,7 @@ def test_own_label_and_slug_for_run_dirs_and_wandb(tmp_path):
 
 def test_results_load_gives_a_flat_dataframe(tmp_path):
     from harness.results import load
-    from harness.run.record import append, records_path
+    from harness.run.results_file import append, records_path
 
     recs = [_record(["model=tiny", "strategy=ddp", "parallel.dp=2"], tmp_path),
             _record(["model=tiny", "strategy=ddp", "parallel.dp=2", "workload.activation_checkpointing=full"], tmp_path)]

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from harness.run import record as rec
+from harness.run import results_file
 
 
 def _writer(path, i):
     for j in range(50):
-        rec.append(path, {"status": "ok", "run_id": f"{i}-{j}", "pad": "x" * 5000})
+        results_file.append(path, {"status": "ok", "run_id": f"{i}-{j}", "pad": "x" * 5000})
 
 
 def test_concurrent_appends_never_interleave(tmp_path):
@@ -24,18 +25,18 @@ def test_concurrent_appends_never_interleave(tmp_path):
         p.start()
     for p in procs:
         p.join()
-    rows = rec.read(path)
+    rows = results_file.read(path)
     assert len(rows) == 200
     assert len({r["run_id"] for r in rows}) == 200
 
 
 def test_torn_last_line_is_skipped_and_next_append_starts_fresh(tmp_path):
     path = tmp_path / "s.jsonl"
-    rec.append(path, {"status": "ok", "run_id": "a"})
+    results_file.append(path, {"status": "ok", "run_id": "a"})
     with open(path, "a") as f:
         f.write('{"status": "ok", "run_id": "tor')  # a writer killed mid-line
-    rec.append(path, {"status": "failed", "run_id": "b"})
-    assert [r["run_id"] for r in rec.read(path)] == ["a", "b"]
+    results_file.append(path, {"status": "failed", "run_id": "b"})
+    assert [r["run_id"] for r in results_file.read(path)] == ["a", "b"]
 
 
 def test_run_id_survives_a_new_schema_field_left_at_its_default():
@@ -63,7 +64,7 @@ def test_records_written_before_the_reorganisation_still_load_and_resume(tmp_pat
     from harness.report import write_report
 
     src = Path(__file__).parent / "fixtures" / "records" / "pre_catalog.jsonl"
-    old = rec.read(src)
+    old = results_file.read(src)
     assert {r["config"]["strategy"]["name"] for r in old} == {"ddp", "3d"}
     assert all("axes" in r["config"]["strategy"] for r in old)
     for r in old:
@@ -85,7 +86,7 @@ def _append_under_a_file_size_limit(path, limit, record):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write(2) then fails with EFBIG instead of killing us
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     try:
-        rec.append(path, record)
+        results_file.append(path, record)
     except OSError as e:
         raise SystemExit(3 if e.errno == errno.EFBIG else 4) from None
     raise SystemExit(5)  # appended whole: the limit did not bite
@@ -93,7 +94,7 @@ def _append_under_a_file_size_limit(path, limit, record):
 
 def test_a_write_that_fails_partway_leaves_nothing_and_raises(tmp_path):
     path = tmp_path / "s.jsonl"
-    rec.append(path, {"status": "ok", "run_id": "a"})
+    results_file.append(path, {"status": "ok", "run_id": "a"})
     before = path.read_bytes()
     # the kernel writes up to the limit (a short write), the next write fails: a real partial write
     p = mp.get_context("fork").Process(target=_append_under_a_file_size_limit,
@@ -102,13 +103,13 @@ def test_a_write_that_fails_partway_leaves_nothing_and_raises(tmp_path):
     p.join()
     assert p.exitcode == 3  # raised EFBIG
     assert path.read_bytes() == before
-    rec.append(path, {"status": "ok", "run_id": "c"})
-    assert [r["run_id"] for r in rec.read(path)] == ["a", "c"]
+    results_file.append(path, {"status": "ok", "run_id": "c"})
+    assert [r["run_id"] for r in results_file.read(path)] == ["a", "c"]
 
 
 def test_non_finite_numbers_are_written_as_null_and_parse_as_strict_json(tmp_path):
     path = tmp_path / "s.jsonl"
-    rec.append(path, {"status": "diverged", "run_id": "a", "measured": {"losses": [6.9, float("nan"), float("inf")]}})
+    results_file.append(path, {"status": "diverged", "run_id": "a", "measured": {"losses": [6.9, float("nan"), float("inf")]}})
     line = path.read_text()
 
     def refuse(name):
@@ -119,11 +120,11 @@ def test_non_finite_numbers_are_written_as_null_and_parse_as_strict_json(tmp_pat
 
 def test_a_torn_line_is_skipped_with_a_warning(tmp_path):
     path = tmp_path / "s.jsonl"
-    rec.append(path, {"status": "ok", "run_id": "a"})
+    results_file.append(path, {"status": "ok", "run_id": "a"})
     with open(path, "ab") as f:
         f.write(b'{"status": "ok", "run_id": "\xe2\x82')  # torn inside a multi-byte character
     with pytest.warns(UserWarning, match="skipped a torn record"):
-        assert [r["run_id"] for r in rec.read(path)] == ["a"]
+        assert [r["run_id"] for r in results_file.read(path)] == ["a"]
 
 
 def test_a_dry_run_and_a_real_run_of_one_config_have_different_run_ids():
@@ -143,7 +144,7 @@ def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
     from harness.fidelity import table
 
     src = Path(__file__).parents[1] / "results" / "reference" / "fidelity_cpu_q3.jsonl"
-    single = next(r for r in rec.read(src) if r["config"]["strategy"]["name"] == "single")
+    single = next(r for r in results_file.read(src) if r["config"]["strategy"]["name"] == "single")
     passes = []
     for step in (1.5, 1.2, 1.8):
         r = copy.deepcopy(single)
@@ -164,7 +165,7 @@ def test_fidelity_predicts_records_again_on_their_own_or_another_profile():
     from harness.fidelity import predict_again, rank_line
 
     src = Path(__file__).parents[1] / "results" / "reference" / "demo.jsonl"
-    recs = rec.read(src)
+    recs = results_file.read(src)
     own, errors = predict_again(recs)
     assert not errors and len(own) == sum(r["status"] == "ok" for r in recs) == 6
     named, _ = predict_again(recs, "cpu_reference")
@@ -190,7 +191,7 @@ def test_a_reader_waits_for_an_append_in_progress(tmp_path):
     got = []
     fd = os.open(path, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # the writer, mid-append
-    reader = threading.Thread(target=lambda: got.append(rec.read(path)))
+    reader = threading.Thread(target=lambda: got.append(results_file.read(path)))
     reader.start()
     reader.join(0.3)
     assert reader.is_alive() and not got  # waiting on the lock, not reading

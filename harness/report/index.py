@@ -30,7 +30,7 @@ from harness.report import figures
 from harness.report.blocks import Figures, table
 from harness.report.charts import STRATEGY_COLOURS
 from harness.report.page import STATIC, plotly_js
-from harness.run import record as rec
+from harness.run import results_file
 from harness.rundir import write_atomic
 
 INDEX = "index.html"
@@ -63,7 +63,7 @@ def load_studies(results_dir: Path) -> list[StudyEntry]:
     """Every <study>.jsonl of results_dir with at least one record, oldest first."""
     out = []
     for path in sorted(Path(results_dir).glob("*.jsonl")):
-        records = aggregate.latest(rec.read(path))
+        records = aggregate.latest(results_file.read(path))
         if records:
             by = aggregate.by_config(records)
             out.append(StudyEntry(path.stem, path, records, by, {k: aggregate.config_record(v) for k, v in by.items()}))

@@ -15,7 +15,7 @@ from harness import catalog, rundir
 from harness.collect.aggregate import config_records
 from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
 from harness.labels import base_label, labels
-from harness.run import record as rec
+from harness.run import results_file
 
 MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
@@ -228,7 +228,7 @@ def load(path: str | Path, run_ids: set[str] | None = None, name: str | None = N
     with repeats (repeats=N) their pooled statistics (harness/collect/aggregate.py).
     run_ids: only those configs (one invocation's ad-hoc runs), shown under `name`."""
     path = Path(path)
-    records = [r for r in rec.read(path) if run_ids is None or (isinstance(r, dict) and r.get("run_id") in run_ids)]
+    records = [r for r in results_file.read(path) if run_ids is None or (isinstance(r, dict) and r.get("run_id") in run_ids)]
     configs = config_records(records)
     runs = [Run(r, lab) for r, lab in zip(configs, labels(configs))]
     name = name or next((r.r.get("study") for r in runs if r.r.get("study")), None) or path.stem

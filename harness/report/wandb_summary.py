@@ -2,7 +2,7 @@
 the runs table (measured, predicted, ratio), scaling / memory / comm tables with W&B plots on them,
 the failed runs, the PNG charts, and each scaling series' fit in the run summary.
 
-Same discipline as harness/run/record.py: offline unless told otherwise (WANDB_MODE wins), every file
+Same discipline as harness/run/wandb_log.py: offline unless told otherwise (WANDB_MODE wins), every file
 under <results_dir>/runs/<study>/_summary/, and a W&B failure is printed and swallowed (the HTML
 report and the records never depend on it). Each call is a new W&B run (id <study>-summary-<time>):
 a resumed study logs a fresh summary, the newest is the study's state.
@@ -17,7 +17,8 @@ from pathlib import Path
 from harness.dims import COMM_AXES
 from harness.report import charts, png_paths, scaling
 from harness.report.study import load
-from harness.run.record import Status, wandb_env
+from harness.run.record import Status
+from harness.run.wandb_log import wandb_env
 
 # Imports inside functions: wandb (only when a run logs to W&B).
 

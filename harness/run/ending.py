@@ -51,6 +51,7 @@ from harness.collect.aggregate import config_records
 from harness.config import GiB
 from harness.labels import ci_text, labels, nbytes
 from harness.run import record as rec
+from harness.run import results_file
 from harness.run.record import FAILURES, Status
 
 # Wide enough for the results table when output goes to a file or CI log (80 columns otherwise).
@@ -75,9 +76,9 @@ class Ending:
         """The one place a run ends: its record appended (all or nothing), its claim released, its
         outcome noted for the exit status, its line printed. A record that cannot be written is said
         (NOT RECORDED) and makes the invocation exit 1."""
-        path = rec.records_path(results_dir, record["study"])
+        path = results_file.records_path(results_dir, record["study"])
         try:
-            rec.append(path, record)
+            results_file.append(path, record)
         except OSError as e:  # all or nothing: nothing of it is in the file
             self.outcomes.append((UNRECORDED, False))
             console.print(f"[red]NOT RECORDED[/] {escape(label)} {record['run_id']} ({record['status']}): "

@@ -19,7 +19,7 @@ from rich.markup import escape
 from harness.config import ADHOC_STUDY, CONF_DIR, register_configs
 from harness.run.ending import console
 from harness.run.job import Task
-from harness.run.record import results_problem
+from harness.run.results_file import results_problem
 
 # Imports inside functions: harness.run.sweep, which only a sweep needs.
 

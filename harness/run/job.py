@@ -26,10 +26,12 @@ from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.costmodel import predict
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
-from harness.run import ending
+from harness.run import ending, provenance, results_file
 from harness.run import record as rec
 from harness.run.ending import Ending, claim_path, console, failure, held_by, holder_line, print_table, received
-from harness.run.record import Status, log_record, results_problem, run_identity
+from harness.run.record import Status
+from harness.run.results_file import results_problem
+from harness.run.wandb_log import log_record, run_identity
 from harness.rundir import write_atomic
 from harness.validate import validate
 
@@ -128,13 +130,13 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
             return None
-    done = rec.already_done(config, run)
+    done = results_file.already_done(config, run)
     if done is not None:
         ending.release(key)
         done = {**done, "skipped": True}
         ending.count(done)
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
-                      f"in {rec.records_path(run.results_dir, run.study)}[/]")
+                      f"in {results_file.records_path(run.results_dir, run.study)}[/]")
         return done
 
     try:
@@ -161,7 +163,7 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
     at.run_dir = run_dir
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
-    rec.start_git_probe()
+    provenance.start_git_probe()
     status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, ending)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
@@ -315,7 +317,7 @@ def _results_dir(record: dict) -> str:
 def _single_run_ending(record: dict, run_dir: Path | None, label: str) -> None:
     """The end of a run started without -m: its one-row table, the record, the run dir and W&B run."""
     print_table([record], f"run {record['run_id']}", console, names=[label])
-    path = rec.records_path(_results_dir(record), record["study"])
+    path = results_file.records_path(_results_dir(record), record["study"])
     lines = [f"record: {path} (run_id {record['run_id']})"] + ([f"run dir: {run_dir}"] if run_dir else [])
     w = record.get("wandb")
     if record.get("wandb_error"):

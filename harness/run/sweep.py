@@ -7,8 +7,10 @@ from rich.markup import escape
 
 from harness.config import ADHOC_STUDY, as_dict, to_run_config
 from harness.run import record as rec
+from harness.run import results_file
 from harness.run.ending import Ending, console, failure, print_table, received
-from harness.run.record import Status, group
+from harness.run.record import Status
+from harness.run.wandb_log import group
 from harness.validate import validate
 
 # Imports inside functions: harness.report, harness.report.index, harness.report.wandb_summary, which would
@@ -51,7 +53,7 @@ def launcher_failure(ending: Ending, job_cfg: DictConfig, error: BaseException, 
 def finish_study(config: DictConfig, records: list[dict]) -> None:
     results_dir, study = _base(config)
     print_table(records, f"study {study}: {len(records)} runs", console)
-    console.print(f"records: {rec.records_path(results_dir, study)}")
+    console.print(f"records: {results_file.records_path(results_dir, study)}")
     logged = [r["wandb"] for r in records if r.get("wandb")]
     if logged:
         console.print(f"W&B: {len(logged)} {logged[0]['mode']} runs in group '{logged[0]['group']}' under "
@@ -64,7 +66,7 @@ def write_report(config: DictConfig, results_dir: str, study: str, records: list
     """The study's HTML report (harness.report) and its W&B summary run; the path is printed last.
     Ad-hoc runs (no study named) get a report of this invocation's runs only, `adhoc-<invocation>.html`.
     A failure here is printed and swallowed: the records are already written and the sweep is done."""
-    path = rec.records_path(results_dir, study)
+    path = results_file.records_path(results_dir, study)
     run_ids, name = (({r["run_id"] for r in records if "run_id" in r}, group(study)) if study == ADHOC_STUDY else (None, None))
     try:
         from harness.report import write_report as write_html

@@ -20,7 +20,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 
 from harness.config import ADHOC_STUDY
 from harness.run.ending import held_by
-from harness.run.record import already_done, read, records_path
+from harness.run.results_file import already_done, read, records_path
 from launch.slurm import (
     SUBMITTED,
     SUBMITTING,

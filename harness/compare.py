@@ -6,17 +6,23 @@ commit compares run for run. For each config:
 
     tokens/s of A and B       median and bootstrap 95 % interval over the config's repeats and steps
     ratio B/A                 with its own bootstrap 95 % interval (A and B resampled independently)
-    verdict                   slower: the whole interval below 1 - PCT/100; faster: above 1 + PCT/100;
-                              same otherwise (within noise, or within the threshold)
+    verdict                   with MIN_REPEATS ok repeats a side or more: slower when the whole interval
+                              lies below 1 - PCT/100, faster above 1 + PCT/100, same otherwise (within
+                              noise, or within the threshold); with fewer, `same (not enough repeats to
+                              tell)` and the repeats it needs, as one run's steps say nothing of run-to-run
+                              variance, the largest noise on a shared machine
     memory                    peak and model-state bytes, any change in exact bytes
 
 then what differs between the two environments (harness/collect/aggregate.py), and the configs only one side
 ran. Exit status: 1 if any config is slower (a CI job can gate on it), 0 otherwise, 2 for bad input.
-The model is pyperf's compare_to and asv's regression check; the noise model is harness/collect/aggregate.py.
+The model is pyperf's compare_to and asv's regression check; the noise model (the bootstrap, repeats) is
+harness/collect/aggregate.py.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +39,16 @@ from harness.run import results_file
 DEFAULT_THRESHOLD_PCT = 5.0
 MEMORY_KEYS = ("peak_mem_bytes", "model_states_bytes")
 
+# A verdict needs run-to-run variance inside its interval, so repeats on both sides. Were nothing changed,
+# every ordering of the 2n repeats' levels would be equally likely, and the chance that all n of B's land
+# slower than all n of A's is 1/C(2n, n): 1/2 at one repeat a side, 1/6 at two, 1/20 at three. At three a
+# side the two-level bootstrap's interval spans about the extreme repeats (harness/collect/aggregate.py), so
+# noise alone says `slower` only through such an ordering, beyond the threshold as well: at most the 5 %
+# the 95 % interval leaves to chance. asv's statistics.is_different trusts its rank test only where the
+# least p-value it can return, 1/C(n + m, min(n, m)), is under its threshold, for the same reason.
+MIN_REPEATS = next(n for n in itertools.count(1) if math.comb(2 * n, n) * (100 - aggregate.CONFIDENCE) >= 100)
+NOT_ENOUGH_REPEATS = "not enough repeats to tell"
+
 
 def verdict(lo: float, hi: float, threshold_pct: float) -> str:
     """slower / faster when the ratio's whole 95 % interval lies beyond the threshold, else same."""
@@ -48,16 +64,18 @@ def verdict(lo: float, hi: float, threshold_pct: float) -> str:
 class Row:
     run_id: str
     label: str
-    a: dict | None  # the config's record on each side (harness/collect/repeats.config_record)
+    a: dict | None  # the config's record on each side (aggregate.config_record)
     b: dict | None
     ratio: tuple[float, float, float] | None = None  # tokens/s B/A, lo, hi
     verdict: str = ""  # slower | faster | same | "" (not comparable: see note)
     note: str = ""
+    repeats_ok: tuple[int, int] = (0, 0)  # A's and B's ok repeats with step times
+    why_same: str = ""  # NOT_ENOUGH_REPEATS where the verdict is `same` for want of repeats
     memory: list[str] = field(default_factory=list)  # "peak_mem_bytes 1,234 -> 1,240 B (+6 B)"
 
 
 def compare_configs(a: dict[str, list[dict]], b: dict[str, list[dict]], threshold_pct: float) -> list[Row]:
-    """A row per config either side ran (A's order, then B's own); a and b: repeats.by_config."""
+    """A row per config either side ran (A's order, then B's own); a and b: aggregate.by_config."""
     ids = list(dict.fromkeys([*a, *b]))
     shown = [aggregate.config_record(a.get(i) or b[i]) for i in ids]
     rows = []
@@ -74,13 +92,24 @@ def compare_configs(a: dict[str, list[dict]], b: dict[str, list[dict]], threshol
             continue
         # tokens per step is the config's, so tokens/s B/A = median step A / median step B
         row.ratio = aggregate.ratio_ci(gb, ga)
-        row.verdict = verdict(row.ratio[1], row.ratio[2], threshold_pct)
+        row.repeats_ok = (len(ga), len(gb))
+        if min(row.repeats_ok) < MIN_REPEATS:
+            row.verdict, row.why_same = "same", NOT_ENOUGH_REPEATS
+        else:
+            row.verdict = verdict(row.ratio[1], row.ratio[2], threshold_pct)
         for k in MEMORY_KEYS:
             x, y = ra["measured"].get(k), rb["measured"].get(k)
             if x != y:
                 diff = f" ({y - x:+,} B)" if isinstance(x, int) and isinstance(y, int) else ""
                 row.memory.append(f"{k} {nbytes(x, '-')} -> {nbytes(y, '-')}{diff}")
     return rows
+
+
+def needs(row: Row) -> str:
+    """What a row without enough repeats lacks, and the command that fills it in."""
+    (na, nb), plural = row.repeats_ok, lambda n: "repeat" if n == 1 else "repeats"
+    return (f"A has {na} ok {plural(na)}, B {nb}; a verdict needs {MIN_REPEATS} a side: run each study again with "
+            f"repeats={MIN_REPEATS} (a resumed study runs only the repeats it lacks)")
 
 
 def env_differences(a: list[dict], b: list[dict]) -> list[tuple[str, str, str]]:
@@ -135,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             side += [f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "-",
                      ci_text(m.get("tokens_per_s_ci95")), str(x.get("repeats", 1)) if x else "-"]
         ratio = ("-", "-") if r.ratio is None else (f"{r.ratio[0]:.3f}", f"{r.ratio[1]:.3f}-{r.ratio[2]:.3f}")
-        v = f"[{style[r.verdict]}]{r.verdict}[/]" if r.verdict else f"[yellow]{escape(r.note)}[/]"
+        said = f"{r.verdict} ({r.why_same})" if r.why_same else r.verdict
+        v = f"[{style[r.verdict]}]{said}[/]" if r.verdict else f"[yellow]{escape(r.note)}[/]"
         t.add_row(escape(r.label), *side, *ratio, v)
     console.print(t)
     for r in rows:
@@ -149,9 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r.note.startswith("only in"):
             console.print(f"{r.note}: {escape(r.label)} ({r.run_id})")
+    for r in rows:
+        if r.why_same:
+            console.print(f"{r.why_same}: {escape(r.label)}: {needs(r)}")
     slower = [r for r in rows if r.verdict == "slower"]
     counts = {v: sum(r.verdict == v for r in rows) for v in ("slower", "faster", "same")}
-    console.print(f"{counts['slower']} slower, {counts['faster']} faster, {counts['same']} same, "
+    untold = sum(bool(r.why_same) for r in rows)
+    same = f"{counts['same']} same" + (f" ({untold} {NOT_ENOUGH_REPEATS})" if untold else "")
+    console.print(f"{counts['slower']} slower, {counts['faster']} faster, {same}, "
                   f"{len(rows) - sum(counts.values())} not compared; exit {1 if slower else 0}")
     return 1 if slower else 0
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from harness.collect import aggregate
-from harness.compare import compare_configs, verdict
+from harness.compare import MIN_REPEATS, NOT_ENOUGH_REPEATS, compare_configs, verdict
 from harness.config import as_dict, to_run_config
 from harness.run.record import make_record
 from harness.validate import validate
@@ -119,6 +119,57 @@ def test_compare_says_same_slower_and_faster_with_memory_environment_and_one_sid
     # a threshold above the change: the same comparison passes
     p = _compare(tmp_path / "a.jsonl", tmp_path / "b.jsonl", "--threshold", "40")
     assert p.returncode == 0 and "0 slower, 0 faster, 2 same" in " ".join(p.stdout.split()), p.stdout
+
+
+def test_single_repeat_studies_are_same_for_want_of_repeats_and_exit_0(tmp_path):
+    """Two studies of the same configs, one repeat each, whose runs landed 10 % apart (another job on the
+    machine during one of them): each run's steps are tight, so a bootstrap over steps alone would call it
+    slower. One run per side says nothing of run-to-run variance: same, with the repeats it needs."""
+    rng = random.Random(8)
+    single, ddp = ["strategy=single"], ["strategy=ddp", "parallel.dp=2"]
+    a = [_record(tmp_path, cfg, 0, _steps(rng, base, noise=0.002)) for cfg, base in ((single, 0.10), (ddp, 0.08))]
+    b = [_record(tmp_path, cfg, 0, _steps(rng, base * 1.1, noise=0.002)) for cfg, base in ((single, 0.10), (ddp, 0.08))]
+    rows = compare_configs(aggregate.by_config(a), aggregate.by_config(b), 5)
+    assert all(r.ratio[2] < 0.95 for r in rows)  # the steps alone put the whole interval beyond the threshold
+    assert [(r.verdict, r.why_same, r.repeats_ok) for r in rows] == [("same", NOT_ENOUGH_REPEATS, (1, 1))] * 2
+    p = _compare(_write(tmp_path / "a.jsonl", a), _write(tmp_path / "b.jsonl", b))
+    out = " ".join(p.stdout.split())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "same (not enough repeats to tell)" in out
+    assert (f"not enough repeats to tell: single: A has 1 ok repeat, B 1; a verdict needs {MIN_REPEATS} a side: run "
+            f"each study again with repeats={MIN_REPEATS}") in out
+    assert "0 slower, 0 faster, 2 same (2 not enough repeats to tell), 0 not compared; exit 0" in out
+
+
+def test_a_verdict_needs_three_ok_repeats_on_each_side(tmp_path):
+    """The 30 % slowdown that three repeats a side call slower is same with two on either side."""
+    assert MIN_REPEATS == 3  # 1/C(6, 3) = 1/20: the first count whose all-one-way ordering is within 5 %
+    rng = random.Random(9)
+    a = [_record(tmp_path, ["strategy=single"], i, _steps(rng, 0.10)) for i in range(3)]
+    b = [_record(tmp_path, ["strategy=single"], i, _steps(rng, 0.13)) for i in range(3)]
+    failed = _record(tmp_path, ["strategy=single"], 2, [], status="failed")
+    for sa, sb, want in ((a, b, ("slower", "")), (a[:2], b, ("same", NOT_ENOUGH_REPEATS)),
+                         (a, [*b[:2], failed], ("same", NOT_ENOUGH_REPEATS))):  # a failed repeat is not a repeat
+        row, = compare_configs(aggregate.by_config(sa), aggregate.by_config(sb), 5)
+        assert (row.verdict, row.why_same) == want, (len(sa), len(sb), row)
+
+
+def test_run_to_run_noise_beyond_the_threshold_is_rarely_called_slower_at_three_repeats():
+    """Identical configs whose runs scatter 10 % from run to run (twice the 5 % threshold), each run's
+    steps within 1 %: at three repeats a side the interval holds that scatter, and noise alone is called
+    slower in at most 1 of C(6, 3) = 20 comparisons (the chance all three B runs land behind all three A)."""
+    rng = random.Random(10)
+
+    def study(repeats):
+        return [[level * (1 + rng.gauss(0, 0.01)) for _ in range(10)]
+                for level in (1 + rng.gauss(0, 0.10) for _ in range(repeats))]
+
+    def slower(repeats, trials=200):
+        return sum(verdict(*aggregate.ratio_ci(study(repeats), study(repeats), resamples=500)[1:], 5) == "slower"
+                   for _ in range(trials))
+
+    assert slower(MIN_REPEATS) <= 200 / 20
+    assert slower(1) > 200 / 4  # one run a side: the steps' interval misses the scatter, and says slower often
 
 
 def test_compare_refuses_bad_input_with_exit_2(tmp_path):

@@ -49,6 +49,7 @@ def aggregate(run, dims, measurement: dict) -> dict:
     peak = mfu_peak_tflops(hw.device, dict(hw.peak_tflops), dict(hw.achievable_tflops), key)
     out["mfu_pct"] = 100 * out["tflops_per_device"] / peak if peak else None
     out["mfu_peak_tflops"] = peak  # from the profile hardware=<config.hardware.name>
+    out.update(mfu_warning(out["mfu_pct"]))
     for key in MEMORY_KEYS:
         per_rank = [r["memory"].get(key, 0) for r in ranks]
         out[key] = max(per_rank)
@@ -77,6 +78,16 @@ def aggregate(run, dims, measurement: dict) -> dict:
             out.setdefault(k, v)
     out.update(_comm(ranks))
     return out
+
+
+# MFU's denominator is a peak, so MFU above 100 % says the profile's rate is not one (a CPU profile calibrated
+# under load that has since lifted, or on another machine of the kind): flagged, never capped.
+MFU_EXCEEDED = "profile rate exceeded: recalibrate"
+
+
+def mfu_warning(mfu_pct: float | None) -> dict:
+    """{"mfu_warning": MFU_EXCEEDED} when MFU is above 100 %, else {}: the record's `measured.mfu_warning`."""
+    return {"mfu_warning": MFU_EXCEEDED} if mfu_pct is not None and mfu_pct > 100 else {}
 
 
 def _comm(ranks: list[dict]) -> dict:
@@ -333,6 +344,8 @@ def config_record(repeats: list[dict]) -> dict:
     for k in ("tokens_per_s_per_device", "tflops_per_device", "mfu_pct"):
         if isinstance(m.get(k), (int, float)):
             m[k] *= scale
+    m.pop("mfu_warning", None)  # the pooled MFU's, not the latest repeat's
+    m.update(mfu_warning(m.get("mfu_pct")))
     m.update(throughput_ci(groups, tokens))
     m["repeats_ok"] = len(groups)
     out["fidelity"] = ratios(m, out.get("predicted") or {})

@@ -47,7 +47,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness import rundir
-from harness.collect.aggregate import config_records
+from harness.collect.aggregate import MFU_EXCEEDED, config_records
 from harness.config import GiB
 from harness.labels import ci_text, labels, nbytes
 from harness.run import record as rec
@@ -270,10 +270,21 @@ def results_table(records: list[dict], title: str, names: list[str] | None = Non
         t.add_row(escape(label), _fmt(batch, "{}"),
                   _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
                   _fmt(m.get("tokens_per_s"), "{:.0f}"), ci_text(m.get("tokens_per_s_ci95")),
-                  str(r.get("repeats", 1)), _fmt(m.get("mfu_pct"), "{:.1f}"),
+                  str(r.get("repeats", 1)), _mfu(m),
                   nbytes(m.get("model_states_bytes"), "-"), nbytes(p.get("model_states_bytes"), "-"),
                   f"[{STATUS_STYLE[status]}]{status}[/]{note}")
+    exceeded = sorted({str(((r.get("config") or {}).get("hardware") or {}).get("name")) for r in records
+                       if (r.get("measured") or {}).get("mfu_warning")})
+    if exceeded:
+        t.caption = (f"MFU % marked !: above 100 %, {MFU_EXCEEDED} (python -m harness.calibrate; the profile: "
+                     f"hardware={', '.join(exceeded)})")
+        t.caption_justify = "left"
     return t
+
+
+def _mfu(m: dict) -> str:
+    """MFU %, marked when it exceeds the profile's rate (measured.mfu_warning)."""
+    return _fmt(m.get("mfu_pct"), "{:.1f}") + (" [yellow]![/]" if m.get("mfu_warning") else "")
 
 
 def _fmt(x, spec: str) -> str:

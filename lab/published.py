@@ -1,17 +1,19 @@
 """`python -m lab.published`: the cost model against published, measured GPU runs.
 
-    python -m lab.published                  # every row, then the summaries
-    python -m lab.published --half held_out  # one half only
+    python -m lab.published                  # the fitting half's rows, then the summaries
+    python -m lab.published --source mpt_a100
     python -m lab.published --json           # one JSON object per row
     python -m lab.published --no-fabric      # every row on its profile's inter_node link
+    python -m lab.published --half held_out  # a look at the held-out half: log it (docs/heldout_log.md)
     python -m lab.published_doc              # regenerate docs/validation.md from it
 
 Reads lab/published_runs.yaml (each row cited there; docs/published.md explains the mapping), maps
 every row into a brigade config (the same RunConfig `harness.predict` composes, through Hydra, with
 the row's model shape, degrees, batch, precision, checkpointing and strategy), predicts it, and
 prints published vs predicted tokens/s per GPU with the ratio predicted / published. The summary
-gives, per half (fitting, held_out) and per source: median |error|, p90 |error|, the worst row, the
-geometric mean ratio, and how many runs that ran are predicted not to fit in device memory.
+gives, per half and per source: median |error|, p90 |error|, the worst row, the geometric mean ratio,
+and how many runs that ran are predicted not to fit in device memory. Held-out rows are predicted only
+when asked for by name (docs/validation.md#the-rule).
 """
 from __future__ import annotations
 
@@ -196,13 +198,14 @@ def summarise(results: list[dict]) -> dict:
     return {**error_summary(results, "ratio", 0.15), "predicted_oom": sum(not r["fits_in_memory"] for r in results)}
 
 
-def run_all(half: str | None = None, source: str | None = None, fabrics: bool = True) -> list[dict]:
+def run_all(half: str = "fitting", source: str | None = None, fabrics: bool = True) -> list[dict]:
+    """Published against predicted for the rows of one half (held_out: a look, docs/heldout_log.md)."""
     models, rows = load()
     if not fabrics:  # every row on its profile's inter_node link: the comparison without fabric profiles
         rows = [{**r, "fabric": None} for r in rows]
     compose = caching_compose()
     return [predict_row(r, models[r["model"]], compose) for r in rows
-            if (half is None or r["half"] == half) and (source is None or r["source"] == source)]
+            if r["half"] == half and (source is None or r["source"] == source)]
 
 
 def print_report(results: list[dict]) -> None:
@@ -231,7 +234,8 @@ def print_report(results: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.published", description=__doc__.split("\n\n")[0])
-    p.add_argument("--half", choices=("fitting", "held_out"))
+    p.add_argument("--half", choices=("fitting", "held_out"), default="fitting",
+                   help="held_out is a look: log what was seen and decided in docs/heldout_log.md")
     p.add_argument("--source")
     p.add_argument("--json", action="store_true", help="one JSON object per row, then the summaries")
     p.add_argument("--no-fabric", action="store_true", help="ignore the sources' fabric: the profile's inter_node link")

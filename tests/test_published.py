@@ -10,7 +10,7 @@ def test_the_set_is_cited_split_and_large_enough():
     models, rows = published.load()
     assert len(rows) >= 40
     halves = {r["half"] for r in rows}
-    assert halves == {"fitting", "held_out"}
+    assert "fitting" in halves and halves <= {"fitting", "held_out"}
     by_source = {}
     for r in rows:
         by_source.setdefault(r["source"], set()).add(r["half"])
@@ -28,26 +28,63 @@ def test_megatron_convention_converts_tflops_to_tokens():
     assert published.published_tokens_per_s_per_gpu(row, m) == pytest.approx(163e12 / (per_iteration / (B * s)))
 
 
-def test_command_prints_rows_and_both_summaries(capsys):
+def test_command_prints_rows_and_the_summaries(capsys):
     assert published.main(["--source", "korthikanti2022"]) == 0
     out = capsys.readouterr().out
     assert out.count("korthikanti2022 ") >= 9  # 8 rows + the per-source summary
-    assert "held_out" in out and "median|err|%" in out
+    assert "fitting" in out and "median|err|%" in out
 
 
-def test_no_published_run_is_predicted_out_of_memory():
+def _with_a_held_out_source(monkeypatch, source: str = "korthikanti2022", keep: tuple = ("narayanan2021_t1",)):
+    """lab/published_runs.yaml as published.load gives it, with `source` held out and only it and `keep`."""
+    models, rows = published.load()
+    rows = [{**r, "half": "held_out"} if r["source"] == source else r for r in rows
+            if r["source"] in (source, *keep)]
+    monkeypatch.setattr(published, "load", lambda path=published.DATA: (models, rows))
+    return rows
+
+
+def test_held_out_rows_are_predicted_only_at_a_look(monkeypatch, capsys):
+    """docs/validation.md#the-rule: the command and the generated page predict the fitting half; the held-out
+    rows only under --half held_out, and the page names the held-out sources without a figure of them."""
+    from lab import published_doc
+
+    _with_a_held_out_source(monkeypatch)
+    assert published.main([]) == 0
+    out = capsys.readouterr().out
+    assert "narayanan2021_t1 " in out and "korthikanti2022" not in out and "held_out" not in out
+    assert {r["source"] for r in published.run_all()} == {"narayanan2021_t1"}
+    assert published.main(["--half", "held_out"]) == 0
+    assert capsys.readouterr().out.count("korthikanti2022 ") >= 9
+    as_is, neutral = published_doc.predict_all(published_doc.post_hoc_constants())
+    assert {r["source"] for r in as_is + neutral} == {"narayanan2021_t1"}
+    assert published_doc.held_out_sources() == {"korthikanti2022": 8}
+    page = published_doc.render(as_is, neutral, published_doc.post_hoc(), published_doc.held_out_sources())
+    assert "`korthikanti2022` (8 rows)" in page and "| `korthikanti2022` |" not in page
+
+
+def test_no_fitting_row_is_predicted_out_of_memory():
     """Every row ran on its GPUs. MPT's rows fit once mapped to the loss llm-foundry ran (model.loss=chunked,
-    lab/published_runs.yaml); with brigade's fp32 loss 25 of them were predicted over 80 GB."""
-    results = published.run_all()
+    lab/published_runs.yaml); with brigade's fp32 loss 25 of them were predicted over 80 GB. The fitting half
+    only: a held-out row's prediction is no test's constraint (docs/validation.md#the-rule)."""
+    results = published.run_all("fitting")
     assert [f"{r['source']}#{r['index']} {r['predicted_peak_mem_GiB']:.1f} GiB" for r in results
             if not r["fits_in_memory"]] == []
 
 
 def test_every_row_maps_to_a_runnable_config():
-    """Each row validates as a brigade config; nothing is skipped."""
-    results = published.run_all()
-    assert len(results) == len(published.load()[1])
+    """Each row validates as a brigade config; nothing is skipped. The fitting half is predicted; a held-out
+    row is only composed and validated (no prediction of it is looked at)."""
+    from harness.validate import validate
+
+    models, rows = published.load()
+    results = published.run_all("fitting")
+    assert len(results) == sum(r["half"] == "fitting" for r in rows)
     assert all(r["predicted_tokens_per_s_per_gpu"] > 0 for r in results)
+    compose = published.caching_compose()
+    for r in rows:
+        if r["half"] == "held_out":
+            validate(compose(published.overrides(r, models[r["model"]])), torch_runs=False)
 
 
 def test_deepspeed_rows_run_as_the_2021_release_did():

@@ -7,7 +7,9 @@
 
 results/reference/demo.jsonl holds the demo study's records exactly as brigade wrote them; beside it
 demo.meta.json says how they were made (command, CPU, cores, load average before and after, the
-calibrated profile). The groups table lists every file of every group in conf/ with its header comment,
+calibrated profile). The measured columns are the records'; the predicted ones ("pred s", the predicted
+states) are the cost model's as it stands, each record's config predicted again on the profile
+(harness/fidelity.py predict_again), so a change to the model shows in the table at once. The groups table lists every file of every group in conf/ with its header comment,
 and the fields of the groups set key by key (parallel., workload.) with their comments in harness/config.py.
 tests/test_readme_table.py checks that README.md shows exactly these tables.
 MFU on CPU is measured against the matmul rate calibrate measured on the same machine just before
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 from harness import config
+from harness.fidelity import predict_again
 from harness.labels import labels, nbytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,12 +54,17 @@ def read_reference(path: Path = REFERENCE) -> tuple[list[dict], dict]:
 def render(records: list[dict], meta: dict) -> str:
     """The markdown block: a caption with the provenance, then one row per record."""
     hw = {r["config"]["hardware"]["name"] for r in records}
-    rows = ["| run | batch | step s | pred s | tokens/s | MFU % | states/rank | pred | status |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
-    for r, label in zip(records, labels(records)):  # the names the results table gives them
-        m, p = r.get("measured") or {}, r.get("predicted") or {}
+    now, refused = predict_again(records, meta["profile"])
+    if refused or len(now) != len(records):
+        raise ValueError(f"the reference records cannot be predicted again: {refused}")
+    rows = ["| run | batch | step s | pred s | step / pred | tokens/s | MFU % | states/rank | pred | status |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for r, n, label in zip(records, now, labels(records)):  # the names the results table gives them
+        m, p = r.get("measured") or {}, n["predicted"]
         cells = [label, str(r["config"]["workload"]["global_batch_size"]),
                  _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),
+                 _fmt(m["step_time_s"] / p["step_time_s"] if m.get("step_time_s") and p.get("step_time_s") else None,
+                      "{:.2f}"),
                  _fmt(m.get("tokens_per_s"), "{:.0f}"), _fmt(m.get("mfu_pct"), "{:.1f}"),
                  nbytes(m.get("model_states_bytes"), "-"), nbytes(p.get("model_states_bytes"), "-"), r["status"]]
         rows.append("| " + " | ".join(cells) + " |")
@@ -64,7 +72,8 @@ def render(records: list[dict], meta: dict) -> str:
     caption = (f"`{meta['command']}` on {meta['cpu']} ({meta['cpu_count']} cores), {meta['made_at']}; load "
                f"average (1 min) {meta['load_before']:.2f} before, {meta['load_after']:.2f} after. Profile "
                f"`hardware={', '.join(sorted(hw))}` measured by `{meta['calibrate_command']}` just before: MFU is "
-               f"of its matmul rate, {', '.join(peaks)} TFLOP/s per core. Records: `results/reference/demo.jsonl`.")
+               f"of its matmul rate, {', '.join(peaks)} TFLOP/s per core. Records: `results/reference/demo.jsonl`; "
+               f"the predictions are the cost model's as it stands, on `hardware={meta['profile']}`.")
     return "\n".join([BEGIN, caption, "", *rows, END])
 
 

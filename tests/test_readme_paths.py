@@ -22,6 +22,7 @@ EXTERNAL = {
     "docs/source/performance/performance_summary.md": "NVIDIA NeMo's performance summary",
     "scripts/train.sh": "foundation-model-stack/fms-fsdp's training script",
     "scripts/train/benchmarking/README.md": "mosaicml/llm-foundry's benchmark tables",
+    "scripts/train/benchmarking/submit_benchmarks.py": "mosaicml/llm-foundry's benchmark launcher",
     "models/llama/__init__.py": "torchtitan/models/llama/__init__.py",
     "models/mpt/modeling_mpt.py": "llmfoundry/models/mpt/modeling_mpt.py",
 }
@@ -103,3 +104,33 @@ def test_no_doc_carries_a_session_narrative():
     found = [f"{d.relative_to(REPO)}:{n}: {line.strip()[:100]}" for d in docs
              for n, line in enumerate(d.read_text().splitlines(), 1) if NARRATIVE.search(line)]
     assert not found, "\n".join(found)
+
+
+# notes.md and published.md are references by topic: no clock time of a measurement, no numbered step of a
+# piece of work, no profile named by when it was made (cpu_s7, #s9-cpu) instead of the machine it describes,
+# no first person outside a quotation. The log of held-out looks is docs/heldout_log.md, labelled as a log.
+REFERENCE_DOCS = ("docs/notes.md", "docs/published.md")
+NOT_A_REFERENCE = {
+    "clock time": re.compile(r"\b\d{1,2}:\d{2}\b"),
+    "step number": re.compile(r"(?i)\bsteps? \d+\b(?!\.\d)"),
+    "numbered profile": re.compile(r"cpu_(?:s|q)\d+|cpu_vm\b|#s\d+-cpu"),
+    "first person": re.compile(r"\bI(?:'[a-z]+)? (?=[a-z])|\b(?:[Mm]y|[Mm]e|[Ww]e|[Oo]ur)\b"),  # not I = 2MNK / B
+}
+
+
+def reference_doc_faults(text: str) -> list[str]:
+    """What in `text` makes it a diary, not a reference (quoted text excepted: a source may say "we")."""
+    unquoted = re.sub(r'"[^"]*"', lambda m: "\n" * m.group().count("\n"), text)  # a quotation may span lines
+    return [f"{n}: {kind}: {line.strip()[:100]}" for n, line in enumerate(unquoted.splitlines(), 1)
+            for kind, rx in NOT_A_REFERENCE.items() if rx.search(line)]
+
+
+def test_reference_docs_carry_no_clock_times_step_numbers_or_numbered_profiles():
+    found = [f"{doc}:{fault}" for doc in REFERENCE_DOCS for fault in reference_doc_faults((REPO / doc).read_text())]
+    assert not found, "\n".join(found)
+
+
+def test_the_reference_check_sees_a_diary():
+    diary = "Calibration s7 at 10:16 (step 9): cpu_s7, see #s9-cpu. I kept it.\nThe file says \"we used 500 W\"."
+    kinds = [f.split(": ")[1] for f in reference_doc_faults(diary)]
+    assert kinds == ["clock time", "step number", "numbered profile", "first person"]

@@ -143,7 +143,7 @@ def test_fidelity_table_takes_the_latest_or_with_best_the_fastest_record():
 
     from harness.fidelity import table
 
-    src = Path(__file__).parents[1] / "results" / "reference" / "fidelity_cpu_q3.jsonl"
+    src = Path(__file__).parents[1] / "results" / "reference" / "fidelity_epyc_slower_host.jsonl"
     single = next(r for r in results_file.read(src) if r["config"]["strategy"]["name"] == "single")
     passes = []
     for step in (1.5, 1.2, 1.8):

@@ -147,7 +147,7 @@ def time_shared(link: Link, f: float) -> Link:
     each group size alone (2 ranks on 2 cores: no sharing) and, at 4 ranks, pairs of ranks all at once
     ("2@4", sharing 2); a step's call reads the figure timed nearest its own sharing and scales the rest
     (the demo's dp 2 tp 2 pp 2: 8 ranks on 2 cores, the pairs' figure x 2). Measured per call on model
-    small (docs/notes.md#s14-cpu): the tp all-reduce's measured / predicted time grew 1.6 -> 3.6-4.1 ->
+    small (docs/notes.md#collectives-shared-cores): the tp all-reduce's measured / predicted time grew 1.6 -> 3.6-4.1 ->
     6.2 from 2 to 4 to 8 ranks on the 2 cores when only the alone figure was scaled. Pairs timed at once
     (docs/notes.md#cpu-shared-pairs): in-step collectives took 1.5-2.0x their time alone, back-to-back
     ones 0.5-1.5x (waiting, not computing, one pair's core serves the other). f = 1 on a GPU profile."""

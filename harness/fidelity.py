@@ -2,7 +2,7 @@
 study's measured/predicted ratios as a Markdown table, one row per config (the ratios themselves:
 harness/collect/aggregate.py). Each config's latest ok record; with --best its fastest ok record over every
 file given (the best of several passes of the same study, which is how a shared machine's noise is set
-aside: issue 13's fidelity goal is the best of 3). With three configs or more, the last line ranks them:
+aside: the CPU fidelity goal is judged on the best of 3, docs/notes.md#cpu-calibrations). With three configs or more, the last line ranks them:
 Spearman's rho of predicted against measured tokens/s (harness/tools/plan_check.py).
 
 --repredict predicts every record again with this checkout's cost model, from the record's own config and

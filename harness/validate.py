@@ -320,7 +320,7 @@ def _validate_selective_op(run, dims) -> None:
 
 
 # -- validate layouts ------------------------------------------------------------------------------
-# Refusals for the layouts of issue 14: HSDP (dp_replicate), context parallel (cp), the distributed
+# Refusals for the large runs' layouts: HSDP (dp_replicate), context parallel (cp), the distributed
 # optimizer (dp_shard=zero1, zero1_impl) and FSDP's accumulation modes. Pure (no torch); each message
 # shows the arithmetic or names the field that makes the config meaningless.
 

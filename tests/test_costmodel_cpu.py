@@ -1,4 +1,4 @@
-"""Pure tier: the CPU mechanisms of issue 13 item 7 that calibrate measures: DTensor dispatch under
+"""Pure tier: the CPU mechanisms that calibrate measures: DTensor dispatch under
 tensor parallelism, co-running cores, and collectives timed per message size. Each is read from the
 profile, changes only the layouts it describes, and a profile without it predicts as before."""
 from __future__ import annotations
@@ -217,7 +217,7 @@ def test_tensor_parallel_all_reduces_are_costed_as_a_step_meets_them():
 
 def test_sequence_parallel_pays_its_gathers_scatters_and_norm_gradients():
     """With sequence parallel each of the tp2 trace's collectives is costed as what it is (model=small, mb 2,
-    4 micro-batches; the trace of 12-02 counted 136 of each per step): all-gathers and reduce-scatters of
+    4 micro-batches; its trace counts 136 of each per step, docs/notes.md#sp-collectives): all-gathers and reduce-scatters of
     the 256 KiB activations, and all-reduces of each LayerNorm parameter's (256,) fp32 gradient; each
     from its own in-step figure where the profile has one."""
     base = hardware(dtensor=None, corun=None)

@@ -1,5 +1,5 @@
-"""Pure tier: the cost model's mechanisms (issue 13): FSDP accumulation modes, overlap per mechanism
-and shape-aware GEMM time. (The distributed optimizer's states and collectives: tests of issue 14.)"""
+"""Pure tier: the cost model's mechanisms: FSDP accumulation modes, overlap per mechanism and
+shape-aware GEMM time. (The distributed optimizer's states and collectives: tests/test_hsdp_cp.py.)"""
 from __future__ import annotations
 
 import pytest

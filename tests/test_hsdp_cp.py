@@ -1,4 +1,4 @@
-"""Issue 14's layouts on CPU (gloo): HSDP, context parallel, the distributed optimizer, FSDP's sharded
+"""The large runs' layouts on CPU (gloo): HSDP, context parallel, the distributed optimizer, FSDP's sharded
 accumulation and MoE inside 3d. Each matches `single` (fp32, 1e-5 relative), holds exactly the
 predicted model-state bytes on every rank, and moves the predicted bytes on each axis within 5 %
 (one profiled step, counted by the flight recorder: harness/collect/trace_analysis.py)."""

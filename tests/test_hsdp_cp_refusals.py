@@ -1,5 +1,5 @@
-"""Issue 14's refusals, before anything is launched, with their arithmetic; and the cost model's
-terms for HSDP and context parallel (pure)."""
+"""The refusals of the large runs' layouts (HSDP, context parallel, the distributed optimizer), before
+anything is launched, with their arithmetic; and the cost model's terms for HSDP and context parallel (pure)."""
 from __future__ import annotations
 
 import pytest

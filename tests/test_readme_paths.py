@@ -106,6 +106,38 @@ def test_no_doc_carries_a_session_narrative():
     assert not found, "\n".join(found)
 
 
+# Code says what is true now, as docs do: when a figure was taken (a month-day date) and which
+# issue asked for the code are git history. Another project's issue cited with its repository stays
+# (NVIDIA/nccl issue 1048); a full date beside a citation is not a session date (2022-07-25).
+SESSION_DATE = re.compile(r"(?<![\d.-])1[12]-[0-3]\d(?![\d-])")
+ISSUE = re.compile(r"(?i)\bissues? \d+")
+CITED_ISSUE = re.compile(r"[\w.-]+/[\w.-]+\b")  # a repository named just before: its own issue
+
+
+def code_narrative(line: str) -> list[str]:
+    """What in a line of code or config is history rather than a fact: a session date, a project issue
+    number, a session phrase."""
+    out = ["session date"] if SESSION_DATE.search(line) else []
+    out += ["issue number" for m in ISSUE.finditer(line) if not CITED_ISSUE.search(line[max(0, m.start() - 60):m.start()])]
+    return out + (["session narrative"] if NARRATIVE.search(line) else [])
+
+
+def test_no_code_comment_carries_a_date_an_issue_number_or_a_session():
+    files = subprocess.run(["git", "ls-files", "*.py", "*.yaml", "*.sh", "Makefile", "*.toml"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    found = [f"{f}:{n}: {kind}: {line.strip()[:100]}" for f in files
+             if (REPO / f).is_file() and f != "tests/test_readme_paths.py"  # the patterns themselves
+             for n, line in enumerate((REPO / f).read_text(errors="replace").splitlines(), 1)
+             for kind in code_narrative(line)]
+    assert not found, "\n".join(found)
+
+
+def test_the_code_check_sees_dates_and_issues_and_spares_citations():
+    month_day, issue = "12" + "-02", "issue" + " 14"
+    assert code_narrative(f"# measured {month_day} at load 2 ({issue})") == ["session date", "issue number"]
+    assert code_narrative("# NVIDIA/nccl " + "issue 1048 (2022-07-25); pytorch/torchtitan pull request 135") == []
+
+
 # notes.md and published.md are references by topic: no clock time of a measurement, no numbered step of a
 # piece of work, no profile named by when it was made (cpu_s7, #s9-cpu) instead of the machine it describes,
 # no first person outside a quotation. The log of held-out looks is docs/heldout_log.md, labelled as a log.

@@ -27,7 +27,7 @@ SLOW_PCT = 900
 # drift in the load from other jobs falls on all three alike, and the busy wait scales with the step it
 # follows. With 3 repeats a side the ratio's interval spans about the extreme repeats, so `same` fails
 # only if every B repeat ran 2x slower than every A repeat, and `slower` only if C's fastest repeat
-# computed 5x faster than A's slowest (10x / 2). At load 14 on 2 cores (12-04) repeats of one config a
+# computed 5x faster than A's slowest (10x / 2). At load 14 on 2 cores repeats of one config a
 # minute apart differed by up to 4x, never 5x, and never all in one direction for a whole study.
 THRESHOLD = "50"
 NAMES = ("clean_a", "clean_b", "slowed")

@@ -81,7 +81,7 @@ def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes:
         return _fsdp_ops(st, p, g, p if block_param_bytes is None else block_param_bytes)
     # DeepSpeed 0.19 stages 1 and 2 all-reduce each gradient bucket and keep their partition of it
     # (average_tensor with use_multi_rank_bucket_allreduce, default true; the profiled window's flight
-    # recorder saw c10d all-reduces of the whole gradients, issue 6 fidelity; was reduce_scatter: 0.6x).
+    # recorder sees c10d all-reduces of the whole gradients).
     if stage == 1:
         return [DpOp("all_reduce", g, 0.0, "backward_last"), DpOp("all_gather", p, 0.0, "after_step")]
     if stage == 2:

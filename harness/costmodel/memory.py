@@ -99,7 +99,7 @@ def fsdp(groups, dp, ep, precision, knobs, dp_ranks):
 
 
 def deepspeed(groups, dp, ep, precision, knobs, dp_ranks):
-    # (deepspeed engine, issue 5) knobs may carry strategy.offload third: ZeRO-Offload keeps the
+    # (the deepspeed engine) knobs may carry strategy.offload third: ZeRO-Offload keeps the
     # master, its grads and AdamW (optimizer) and also the param partition (optimizer+params) in
     # host memory; the engine reports those under measured.deepspeed.offloaded_bytes, not here.
     stage, threshold, *rest = knobs
@@ -118,7 +118,7 @@ def _deepspeed_resident(groups, dp, ep, precision, stage, threshold, dp_ranks):
         one = (e * n, e * n + 4 * n, 8 * n + 4, 4 * n)
         return [one for _ in dp_ranks]
     if stage in (1, 2):
-        # (deepspeed engine, issue 5) MoE: DeepSpeed keeps one flat buffer per optimizer param group
+        # (the deepspeed engine) MoE: DeepSpeed keeps one flat buffer per optimizer param group
         # (split_params_into_different_moe_groups_for_optimizer: dense, experts); the expert group is
         # partitioned over the expert-data-parallel group (dp/ep ranks), not dp, and each group has
         # its own AdamW step tensor. Each buffer is padded to nccl_start_alignment_factor (2) * its ranks.

@@ -33,10 +33,10 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 # the collective adds to it: the host work of the functional path, the transfer, the wait for the
 # slower rank of two that computed the same work, and the compute after the wait running slower than
 # back to back (this VM's core, idle ~2 ms in the wait, runs the next ~5 ms of GEMMs at 0.7-0.9x: one
-# 256x256x512 GEMM at 41-46 GFLOP/s right after a 2-5 ms sleep against 64 back to back, 12-02 06:59,
+# 256x256x512 GEMM at 41-46 GFLOP/s right after a 2-5 ms sleep against 64 back to back,
 # docs/notes.md#cpu-in-step). So IN_STEP times iterations of (a burst of GEMMs, then the collective) and
-# subtracts the same burst timed back to back on every rank at once. tp2 on model=small (12-02,
-# fidelity at world 2): 212 all-reduces per step, about 8 ms of compute between two; the burst:
+# subtracts the same burst timed back to back on every rank at once. tp2 on model=small (the
+# fidelity config at world 2): 212 all-reduces per step, about 8 ms of compute between two; the burst:
 # BURST_GEMMS GEMMs of BURST_SHAPE, ~5 ms on one core.
 FACTOR = {**comm.FACTOR, **{name: comm.FACTOR[coll] for coll, name in IN_STEP.items()}}
 BURST_SHAPE, BURST_GEMMS = (256, 1024, 256), 2

@@ -6,7 +6,7 @@ and 1024 tokens per micro-batch and tensor-parallel degrees 1, 2 and 4, and squa
 projection as the three GEMMs an nn.Linear runs in training, in their own memory layouts and timed
 apart: the forward x @ W^T (T, N, K), the input gradient dY @ W (T, K, N) and the weight gradient
 dY^T @ x (N, K, T), 2MNK FLOP each. A rate indexed by FLOPs alone put the head (256 x 8192 x 256) on
-the curve of (2048 x 512 x 512), which has its FLOPs, and charged it 0.77x of its time (12-02): on one
+the curve of (2048 x 512 x 512), which has its FLOPs, and charged it 0.77x of its time: on one
 core a GEMM's rate depends on its shape, not only its size. The rate is *sustained*, not the best
 repeat: the GEMMs take turns for `rounds` rounds of `window_s` each (so a slow spell of this machine
 slows all of them alike, not one point of the curve); a round's rate is its FLOPs over its CPU time,

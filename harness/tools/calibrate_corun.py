@@ -11,7 +11,7 @@ for a fixed window, reporting its median time per call; the same kernel runs alo
 Alone and together alternate, one pair per round (so load from elsewhere on the machine meets both
 alike); a round's ratio is together (the slowest process's median) over alone, and the slowdown is
 the median of the rounds' ratios. (The best of 3 rounds of each, kept apart, gave 1.0-1.89 for the
-GEMMs in four runs of one quiet minute, 12-02 07:47: a lucky quiet round of either side decided it;
+GEMMs in four runs of one quiet minute: a lucky quiet round of either side decided it;
 docs/notes.md#cpu-in-step.) Times are each process's CPU seconds (harness/tools/calibrate_compute.py
 cpu_clock): the slowdown is what the cores cost each other (cache, memory, clock), not another
 tenant's process time-sharing a core with them. Kernels:

@@ -4,7 +4,7 @@ from the kernels' own time under torch.profiler (`measure_profiled`, harness/too
 
 On one CPU core the element-wise operators of a step are not bound by memory bandwidth: GELU's erf,
 the loss's exp and log, LayerNorm's reductions run at 3-5 GB/s where the STREAM triad streams
-13 GB/s (op by op, 12-02, harness/tools/op_profile.py), so traffic.py's bytes over the triad's
+13 GB/s (op by op, harness/tools/op_profile.py), so traffic.py's bytes over the triad's
 bandwidth charged them about half their time. And the fused SDPA kernel runs at its own fraction
 of peak, not at the GEMM curve's rate.
 
@@ -23,7 +23,7 @@ rounds under OpProfile(timed=True), this thread's CPU time inside each operator:
                        counts as 2.5 forwards (the scores recomputed): a different kernel, timed apart.
 The AdamW step and gradient accumulation stay at the triad's bandwidth (memory_bw_GBps): their
 operators are plain lerp/mul/add passes that stream (AdamW measured at 13.7 GB/s of its 72 B per
-parameter against a 13.2 GB/s triad, 12-02).
+parameter against a 13.2 GB/s triad).
 """
 from __future__ import annotations
 

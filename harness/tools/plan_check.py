@@ -23,7 +23,7 @@ def distinct_layouts(cands: list, k: int, by: str = "degrees") -> list:
     """The best candidate of each of the k best distinct layouts (layout_key), best first. By degrees, the
     runs compare the layouts a user chooses between (DP against TP against PP against 3D), each as the
     planner would run it; by variant, the best k can be one layout's schedules and ZeRO stages, predicted
-    within a few per cent of each other (model=small on 4 CPU ranks, 12-02: six within 6 %), which one
+    within a few per cent of each other (model=small on 4 CPU ranks: six within 6 %), which one
     machine's run-to-run noise (±10 %) ranks at random."""
     out, seen = [], set()
     for c in cands:

@@ -104,7 +104,7 @@ def _slow_steps(strategy, pct: float, device) -> None:
     busy-waits pct % of its own time, inside the timed region: the step is 1 + pct/100 times as long.
     A busy wait, not a sleep: the kernel's scheduler favours a process that slept, so on a loaded CPU a
     sleeping rank won the cores back from other jobs and computed faster (ddp dp2 at load 10 ran its
-    steps faster with a 30 % sleep than without, 12-04); a spinning rank competes as the work it stands for."""
+    steps faster with a 30 % sleep than without); a spinning rank competes as the work it stands for."""
     import torch
 
     step = strategy.train_step

@@ -7,7 +7,7 @@ and allocation are a real run's, collectives are no-ops), each measurement in a 
 (launch/fork.py) so ru_maxrss is its own:
     before  the old path: the whole model built and initialised in fp32 on the host, then fully_shard
     after   the model built on meta, fully_shard, then only the local shards allocated (models/gpt.py)
-Prints peak RSS at the end of setup, the local parameter bytes and the criterion of issue 12
+Prints peak RSS at the end of setup, the local parameter bytes and the criterion
 (peak <= local parameter bytes + 1 GiB). Not a timed test: give `uptime` with the figures.
 """
 from __future__ import annotations

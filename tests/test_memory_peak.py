@@ -69,12 +69,10 @@ PIPELINES = [["strategy=pp", "parallel.pp=2", f"strategy.schedule={s}"] for s in
     ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.fsdp_accumulate=sharded"],
     ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.pp=2"]]
 
-# Where llama_tiny's prediction misses its dry run by more than 5 %, measured: 3d dp2 tp2 pp2 with
-# sequence parallel is predicted 9.7 % over, at the end of the first stage's first backward (6.21 MB
-# against the dry run's 4.82 MB there; its peak, 5.67 MB, is in that backward's first block): the end of
-# backward's FSDP terms, measured on llama3 70B and 405B dry runs (memory_peak.py), overcount at this
-# size, which of them is not yet measured; 3d dp2 cp2 pp2 is predicted 32 % over, not yet explained
-# (llama3_8b 3d dp4 cp2 tp8 in dryrun_scale: within 3 %).
+# Where llama_tiny's prediction misses its dry run by more than 5 %: 3d dp2 tp2 pp2 with sequence parallel
+# (the end of backward's FSDP terms, measured on llama3 70B and 405B dry runs, overcount at this size) and
+# 3d dp2 cp2 pp2 (not yet explained). Their errors are rows of docs/memory.md's dryrun_scale table,
+# generated from conf/experiment/dryrun_scale.yaml's records (tests/test_dryrun_scale.py).
 UNMODELLED_AT_TINY = {"strategy.sequence_parallel=true", "parallel.cp=2"}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.run.ending import install_signals
+from harness.run.signals import install_signals
 
 
 def main() -> None:

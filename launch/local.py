@@ -2,7 +2,7 @@
 
 The command is an argv list (never a shell string built from config values). The parent polls it,
 reports progress from the file rank 0 writes, and ends the run on expiry of the wall-clock limit or
-when the parent itself is asked to stop (SIGTERM/SIGINT/SIGHUP, noted by harness/run/ending.py).
+when the parent itself is asked to stop (SIGTERM/SIGINT/SIGHUP, noted by harness/run/signals.py).
 
 Which processes belong to a run: torchrun starts every rank in a session of its own, so torchrun's
 process group is not the run, and a rank whose torchrun died is reparented to PID 1. Instead every
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from harness.config import GiB
 from harness.dims import ConfigError
-from harness.run import ending
+from harness.run import signals
 
 RUN_TOKEN_VAR = "BRIGADE_RUN_TOKEN"
 GRACE_S = 5.0  # SIGTERM -> SIGKILL; with the 0.2 s poll and the SIGKILL wait, a run is gone within ~10 s
@@ -85,7 +85,7 @@ def run_workers(argv: list[str], env: dict, log_path: Path, timeout_s: float, on
                                 preexec_fn=_die_with_parent)
         try:
             while proc.poll() is None:
-                why = "timeout" if time.monotonic() - t0 > timeout_s else ending.received()
+                why = "timeout" if time.monotonic() - t0 > timeout_s else signals.received()
                 if why:
                     break
                 if on_poll:

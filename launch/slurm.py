@@ -114,12 +114,6 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
 
 # -- the sweep side: Hydra launcher -------------------------------------------------------------
 
-# What the sweep process says it does with a run_id it claimed (harness/run/ending.py): a SLURM job
-# for that run_id waits while its own submitter holds the claim, and takes it once SLURM runs the job.
-SUBMITTING = "submitting it to SLURM"
-SUBMITTED = "submitted it as SLURM job"
-
-
 class SlurmJobFailed(RuntimeError):
     """A SLURM job that ended without a record from its task (killed, failed to start, ...)."""
 

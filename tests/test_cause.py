@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from harness.run import ending
+from harness.run import cause
 from harness.run.ending import Ending
 from launch.local import LaunchResult
 
@@ -59,59 +59,59 @@ class Run:  # the two fields verdict reads
 def test_a_sigkilled_rank_is_the_cause_not_the_peer_that_lost_its_connection(tmp_path):
     t = float(int(time.time()))
     d = run_dir_with(tmp_path, [{"rank": 0, "time": t + 0.4, "message": "Connection reset by peer"}], summary_at=t)
-    assert ending.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: killed by SIGKILL (exit code -9)")
+    assert cause.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: killed by SIGKILL (exit code -9)")
 
 
 def test_sigkill_while_the_kernel_oom_killed_is_oom(tmp_path):
     t = float(int(time.time()))
     d = run_dir_with(tmp_path, [{"rank": 0, "time": t + 0.4, "message": "Connection reset by peer"}], summary_at=t)
-    status, error = ending.verdict(Run, d, result(tmp_path, oom_kills=1))
+    status, error = cause.verdict(Run, d, result(tmp_path, oom_kills=1))
     assert status == "oom" and "the kernel OOM-killed 1 process(es) during the run" in error
 
 
 def test_a_peer_that_noticed_before_torchrun_stamped_the_death_is_still_a_consequence(tmp_path):
     t = float(int(time.time()))  # observed under load: the peer's error 0.08 s before the stamped second
     d = run_dir_with(tmp_path, [{"rank": 0, "time": t - 0.08, "message": "Connection closed by peer"}], summary_at=t)
-    assert ending.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: killed by SIGKILL (exit code -9)")
+    assert cause.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: killed by SIGKILL (exit code -9)")
 
 
 def test_an_error_well_before_the_signal_death_is_the_cause(tmp_path):
     t = float(int(time.time()))
     d = run_dir_with(tmp_path, [{"rank": 0, "time": t - 5, "message": "boom"}], summary_at=t)
-    assert ending.verdict(Run, d, result(tmp_path)) == ("failed", "rank 0: RuntimeError: boom")
+    assert cause.verdict(Run, d, result(tmp_path)) == ("failed", "rank 0: RuntimeError: boom")
 
 
 def test_sigterm_deaths_are_torchruns_teardown_and_never_the_cause_when_a_rank_raised(tmp_path):
     t = float(int(time.time()))
     d = run_dir_with(tmp_path, [{"rank": 1, "time": t + 0.5, "message": "crashed on purpose"}], summary_at=t, code=1)
-    assert ending.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: RuntimeError: crashed on purpose")
+    assert cause.verdict(Run, d, result(tmp_path)) == ("failed", "rank 1: RuntimeError: crashed on purpose")
 
 
 def test_an_error_file_written_before_the_deadline_wins_over_timeout(tmp_path):
     now = time.time()
     d = run_dir_with(tmp_path, [{"rank": 1, "time": now - 5, "message": "crashed before the deadline"}])
     r = result(tmp_path, returncode=None, timed_out=True, ended_at=now)
-    assert ending.verdict(Run, d, r) == ("failed", "rank 1: RuntimeError: crashed before the deadline")
+    assert cause.verdict(Run, d, r) == ("failed", "rank 1: RuntimeError: crashed before the deadline")
     late = run_dir_with(tmp_path, [{"rank": 1, "time": now + 1, "message": "killed by the parent"}])
-    assert ending.verdict(Run, late, r)[0] == "timeout"
+    assert cause.verdict(Run, late, r)[0] == "timeout"
 
 
 def test_an_oom_error_file_is_oom(tmp_path):
     d = run_dir_with(tmp_path, [{"rank": 0, "time": time.time(), "type": "OutOfMemoryError", "message": "CUDA out of memory", "oom": True}])
-    assert ending.verdict(Run, d, result(tmp_path))[0] == "oom"
+    assert cause.verdict(Run, d, result(tmp_path))[0] == "oom"
 
 
 def test_the_first_non_finite_loss_is_named_with_its_step():
-    assert ending.divergence([6.9, 6.1, float("nan"), float("nan")]).startswith("loss is nan at step 2 (of 4")
-    assert ending.divergence([6.9, float("inf")]).startswith("loss is inf at step 1")
-    assert ending.divergence([6.9, 6.1]) is None
+    assert cause.divergence([6.9, 6.1, float("nan"), float("nan")]).startswith("loss is nan at step 2 (of 4")
+    assert cause.divergence([6.9, float("inf")]).startswith("loss is inf at step 1")
+    assert cause.divergence([6.9, 6.1]) is None
 
 
 def test_exit_status_tells_ok_invalid_and_failed_apart():
     def status(*ended):
-        ending = Ending()
-        ending.outcomes = list(ended)
-        return ending.exit_status()
+        run_ends = Ending()
+        run_ends.outcomes = list(ended)
+        return run_ends.exit_status()
 
     assert status(("ok", False), ("ok", False)) == 0 and status() == 0
     assert status(("ok", False), ("invalid", False)) == 2

@@ -228,14 +228,14 @@ def test_a_task_that_fails_writing_its_run_dir_is_failed_and_exits_1(tmp_path, m
 @pytest.fixture
 def signal_handlers():
     """brigade's handlers in this process, as the CLI installs them; pytest's back afterwards."""
-    from harness.run import ending
+    from harness.run import signals
 
-    saved = {s: signal.getsignal(s) for s in ending.HANDLED}
-    ending.install_signals()
+    saved = {s: signal.getsignal(s) for s in signals.HANDLED}
+    signals.install_signals()
     yield
     for s, handler in saved.items():
         signal.signal(s, handler)
-    ending._received.clear()
+    signals._received.clear()
 
 
 def test_a_signal_before_launch_ends_the_run_as_interrupted(tmp_path, signal_handlers):
@@ -244,13 +244,13 @@ def test_a_signal_before_launch_ends_the_run_as_interrupted(tmp_path, signal_han
     from tests.helpers import compose_config
 
     os.kill(os.getpid(), signal.SIGTERM)  # noted by the handler: the run has not been launched yet
-    ending = Ending()
-    r = run_job(compose_config([*FAST, "strategy=ddp", "parallel.dp=2"], tmp_path), ending)
+    run_ends = Ending()
+    r = run_job(compose_config([*FAST, "strategy=ddp", "parallel.dp=2"], tmp_path), run_ends)
     assert r["status"] == "interrupted" and "SIGTERM before the run was launched" in r["error"], r
     assert strict_records(tmp_path) == [json.loads(json.dumps(r))]
     assert r["run_dir"] is None and not (tmp_path / "runs").exists()  # nothing was started
     assert r["predicted"]["step_time_s"] > 0  # planned, so the record says what it would have been
-    assert ending.exit_status() == 1
+    assert run_ends.exit_status() == 1
 
 
 def test_a_signal_between_a_sweeps_runs_ends_the_next_run_as_interrupted(tmp_path, signal_handlers, monkeypatch):

@@ -17,9 +17,9 @@ from omegaconf import OmegaConf
 from rich.markup import escape
 
 from harness.config import ADHOC_STUDY, CONF_DIR, register_configs
-from harness.run.ending import console
 from harness.run.job import Task
 from harness.run.results_file import results_problem
+from harness.run.terminal import console
 
 # Imports inside functions: harness.run.sweep, which only a sweep needs.
 
@@ -29,14 +29,14 @@ def run_invocation(argv: list[str], task=None) -> int:
     status (harness/run/ending.py). `task`: the task function, a harness.run.job.Task."""
     register_configs()
     task = task or Task()
-    refused = _before_hydra(argv, task.ending)
+    refused = _before_hydra(argv, task.run_ends)
     if refused is not None:
         return refused
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(task)()
-    return task.ending.exit_status()
+    return task.run_ends.exit_status()
 
 
-def _before_hydra(argv: list[str], ending) -> int | None:
+def _before_hydra(argv: list[str], run_ends) -> int | None:
     """An exit status to stop with (after one line, or an `invalid` record where one can go), or
     None to let Hydra's entry point run the invocation."""
     flags = [a for a in argv if a.startswith("-")]
@@ -60,6 +60,6 @@ def _before_hydra(argv: list[str], ending) -> int | None:
     if error is not None:
         from harness.run.sweep import composition_failure
 
-        composition_failure(ending, OmegaConf.create({"results_dir": results_dir, "study": study}), overrides, error)
-        return ending.exit_status()
+        composition_failure(run_ends, OmegaConf.create({"results_dir": results_dir, "study": study}), overrides, error)
+        return run_ends.exit_status()
     return None

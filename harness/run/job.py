@@ -26,11 +26,15 @@ from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.costmodel import predict
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
-from harness.run import ending, provenance, results_file
+from harness.run import cause, provenance, results_file
 from harness.run import record as rec
-from harness.run.ending import Ending, claim_path, console, failure, held_by, holder_line, print_table, received
+from harness.run.cause import failure
+from harness.run.claims import claim_for_job, claim_key
+from harness.run.ending import Ending
 from harness.run.record import Status
 from harness.run.results_file import results_problem
+from harness.run.signals import received
+from harness.run.terminal import console, print_table
 from harness.run.wandb_log import log_record, run_identity
 from harness.rundir import write_atomic
 from harness.validate import validate
@@ -72,35 +76,35 @@ class Task:
     """The Hydra task function, bound to the invocation's Ending: the sweeper and the launchers reach
     it here (Hydra hands them the task function), so nothing passes between them through globals."""
 
-    def __init__(self, ending: Ending | None = None):
-        self.ending = ending or Ending()
+    def __init__(self, run_ends: Ending | None = None):
+        self.run_ends = run_ends or Ending()
 
     def __call__(self, cfg: DictConfig) -> dict | None:
-        return run_job(cfg, self.ending)
+        return run_job(cfg, self.run_ends)
 
 
-def run_job(cfg: DictConfig, ending: Ending | None = None) -> dict | None:
+def run_job(cfg: DictConfig, run_ends: Ending | None = None) -> dict | None:
     """Run one config and return its record (None when another invocation holds it, or no record
     can go anywhere). A task that raises (a bug, a disk that is full) ends as a `failed` record."""
-    ending = ending or Ending()
+    run_ends = run_ends or Ending()
     t0 = time.monotonic()
     raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)
     unsafe = results_problem(str(raw.get("results_dir", "results")), str(raw.get("study", ADHOC_STUDY)))
     if unsafe:  # no record: there is no safe file to put it in
-        ending.note(Status.INVALID)
+        run_ends.note(Status.INVALID)
         console.print(f"[yellow]invalid[/] {escape(unsafe)}", highlight=False, soft_wrap=True)
         return None
     at = _Where(raw)
     try:
-        return _run(cfg, ending, at, t0)
-    except Exception as e:  # noqa: BLE001 - the one rule for a task that raised (harness/run/ending.py)
+        return _run(cfg, run_ends, at, t0)
+    except Exception as e:  # noqa: BLE001 - the one rule for a task that raised (harness/run/cause.py)
         if at.ended:
             raise  # its record is written: never a second one
         status, error = failure(e)
         record = rec.make_record(at.config, at.run, at.dims, status, error, predicted=at.predicted,
                                  run_dir=at.run_dir, wall_s=time.monotonic() - t0)
-        return _finish(record, at.run, None, at.label, ending, at)
+        return _finish(record, at.run, None, at.label, run_ends, at)
 
 
 class _Where:
@@ -111,7 +115,7 @@ class _Where:
         self.label, self.ended = "", False
 
 
-def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
+def _run(cfg: DictConfig, run_ends: Ending, at: _Where, t0: float) -> dict | None:
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         raw.pop("hydra", None)
@@ -120,21 +124,21 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         config = as_dict(run)
     except Exception as e:  # noqa: BLE001 - a type error in an override is an invalid config
         record = rec.make_record(at.config, None, None, Status.INVALID, f"{type(e).__name__}: {e}")
-        return _finish(record, None, None, "", ending, at)
+        return _finish(record, None, None, "", run_ends, at)
     at.config, at.run = config, run
 
-    # a named study: one invocation runs a config (each repeat of it) at a time (harness/run/ending.py)
-    key = rec.claim_key(rec.run_id(config), run.repeat)
+    # a named study: one invocation runs a config (each repeat of it) at a time (harness/run/claims.py)
+    key = claim_key(rec.run_id(config), run.repeat)
     if run.study != ADHOC_STUDY:
-        held = _claim(run, key, ending)
+        held = _claim(run, key, run_ends)
         if held:
             console.print(f"[dim]skip {run.strategy.name} {rec.run_id(config)}: {escape(held)}[/]")
             return None
     done = results_file.already_done(config, run)
     if done is not None:
-        ending.release(key)
+        run_ends.claims.release(key)
         done = {**done, "skipped": True}
-        ending.count(done)
+        run_ends.count(done)
         console.print(f"[dim]skip {done['strategy']} {done['run_id']}: already {done['status']} "
                       f"in {results_file.records_path(run.results_dir, run.study)}[/]")
         return done
@@ -143,7 +147,7 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         dims, predicted = _plan(run)
     except ConfigError as e:
         record = rec.make_record(config, run, _dims_if_valid(run), Status.INVALID, str(e))
-        return _finish(record, run, None, "", ending, at)
+        return _finish(record, run, None, "", run_ends, at)
     at.dims, at.predicted = dims, predicted
     label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
     at.label = label
@@ -151,7 +155,7 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
         record = rec.make_record(config, run, dims, Status.INTERRUPTED,
                                  f"brigade received {received()} before the run was launched; nothing was started",
                                  predicted=predicted, wall_s=time.monotonic() - t0)
-        return _finish(record, run, None, label, ending, at)
+        return _finish(record, run, None, label, run_ends, at)
 
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
     name += f"-r{run.repeat}" if run.repeat else ""
@@ -164,47 +168,23 @@ def _run(cfg: DictConfig, ending: Ending, at: _Where, t0: float) -> dict | None:
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
     provenance.start_git_probe()
-    status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, ending)
+    status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, run_ends)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
     record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
-    return _finish(record, run, run_dir, label, ending, at)
+    return _finish(record, run, run_dir, label, run_ends, at)
 
 
-def _claim(run: RunConfig, run_id: str, ending: Ending) -> str | None:
-    """Claim the run_id as a local run does; None when this process may run it, else why not.
-
-    In a SLURM job (launcher=slurm) task 0 claims it. The invocation that submitted the job holds the
-    claim for it until the job ends (hydra_plugins/brigade_slurm), so a claim held "as SLURM job <this
-    job>" is this job's: it goes on, and takes the claim over should that invocation die. Any other
-    holder is another brigade running it. The other nodes' tasks run the job function too: they go on
-    when the claim is this job's, and stop when another brigade holds it, as task 0 does."""
+def _claim(run: RunConfig, key: str, run_ends: Ending) -> str | None:
+    """Claim the config for this job (harness/run/claims.py, the SLURM handover included); None when
+    this process may run it, else why not."""
     job = _slurm_job(run)
-    if not job:
-        line = ending.claim(run.results_dir, run.study, run_id)
-        return line and held_by(line, run.results_dir, run.study, run_id)
-    from launch.slurm import SUBMITTED, SUBMITTING, task_rank
+    rank = 0
+    if job:
+        from launch.slurm import task_rank
 
-    mine = (f"{SUBMITTED} {job}", f"in SLURM job {job}")
-    if task_rank() == 0:
-        line = ending.claim(run.results_dir, run.study, run_id, mine[1],
-                            wait_while=lambda line: line.endswith(SUBMITTING))  # the job id is being written
-        if line and line.endswith(mine[0]):
-            ending.inherit(run.results_dir, run.study, run_id, mine[1])
-            return None
-    else:
-        line = _holder_once_settled(claim_path(run.results_dir, run.study, run_id), SUBMITTING)
-        line = "" if line.endswith(mine) else line
-    return line and held_by(line, run.results_dir, run.study, run_id)
-
-
-def _holder_once_settled(path: Path, unsettled: str, timeout_s: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    line = holder_line(path)
-    while (line == "?" or line.endswith(unsettled)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        line = holder_line(path)
-    return line
+        rank = task_rank()
+    return claim_for_job(run_ends.claims, run.results_dir, run.study, key, job, rank)
 
 
 def _task_overrides() -> list[str]:
@@ -240,11 +220,11 @@ def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
         return None
 
 
-def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str, ending: Ending):
+def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str, run_ends: Ending):
     launcher = importlib.import_module(f"launch.{run.launcher.name}")
     log_path = run_dir / rundir.WORKERS_LOG
     progress_file = run_dir / rundir.PROGRESS
-    with _progress(label, ending) as (bar, task):
+    with _progress(label, run_ends) as (bar, task):
         def on_poll():
             try:
                 done, total = map(int, progress_file.read_text().split())
@@ -258,7 +238,7 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label
 
 def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
     """Turn what the ranks left in run_dir into (status, error, measured, env)."""
-    ended = ending.verdict(run, run_dir, result)
+    ended = cause.verdict(run, run_dir, result)
     if ended is not None:
         return (*ended, {}, {})
     measurement = json.loads((run_dir / rundir.MEASUREMENT).read_text())
@@ -270,12 +250,12 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
         # Every rank's figures were gathered and written before the exit (e.g. a gloo teardown
         # race in destroy_process_group under load): the run is measured; say what happened.
         measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
-                                f"measurement.json: {ending.log_tail(result.log_path, 5)}"]
-    diverged = ending.divergence(measured.get("losses"))
+                                f"measurement.json: {cause.log_tail(result.log_path, 5)}"]
+    diverged = cause.divergence(measured.get("losses"))
     return ("diverged" if diverged else "ok"), diverged, measured, environment(measurement["ranks"])
 
 
-def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: str, ending: Ending,
+def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: str, run_ends: Ending,
             at: _Where) -> dict:
     if run is not None and _slurm_job(run):
         from launch.slurm import task_rank
@@ -285,15 +265,15 @@ def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: st
     label = label or base_label(record)
     at.ended = True
     if run is not None and run_dir is not None and record["status"] == Status.OK and run.logger.name == "wandb":
-        _log_wandb(record, run, run_dir, label, ending)
+        _log_wandb(record, run, run_dir, label, run_ends)
     else:
-        ending.end(record, label, _results_dir(record))
-    if ending.sweep_total is None:  # one run, no sweep: it ends here, so say where things are
+        run_ends.end(record, label, _results_dir(record))
+    if run_ends.sweep_total is None:  # one run, no sweep: it ends here, so say where things are
         _single_run_ending(record, run_dir, label)
     return record
 
 
-def _log_wandb(record: dict, run: RunConfig, run_dir: Path, label: str, ending: Ending) -> None:
+def _log_wandb(record: dict, run: RunConfig, run_dir: Path, label: str, run_ends: Ending) -> None:
     """W&B first, then the record: it names the W&B run only once that run exists, and says why not
     when logging failed. Interrupted while logging (a second Ctrl-C), the record is still written."""
     ident = run_identity(record, run_dir, run.logger, label)
@@ -301,13 +281,13 @@ def _log_wandb(record: dict, run: RunConfig, run_dir: Path, label: str, ending: 
         error = log_record(record, ident, run_dir, run.logger, job_type=run.launcher.name)
     except BaseException as e:
         record["wandb_error"] = f"W&B logging interrupted ({type(e).__name__})"
-        ending.end(record, label, _results_dir(record))
+        run_ends.end(record, label, _results_dir(record))
         raise
     if error is None:
         record["wandb"] = ident
     else:
         record["wandb_error"] = error
-    ending.end(record, label, _results_dir(record))
+    run_ends.end(record, label, _results_dir(record))
 
 
 def _results_dir(record: dict) -> str:
@@ -333,14 +313,14 @@ def _single_run_ending(record: dict, run_dir: Path | None, label: str) -> None:
 class _progress:
     """Steps of the current run, under the sweep's own bar when a sweep is running."""
 
-    def __init__(self, label: str, ending: Ending):
-        self.label, self.ending = label, ending
+    def __init__(self, label: str, run_ends: Ending):
+        self.label, self.run_ends = label, run_ends
 
     def __enter__(self):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=True)
-        if self.ending.sweep_total:
-            self.bar.add_task("sweep", total=self.ending.sweep_total, completed=self.ending.sweep_done)
+        if self.run_ends.sweep_total:
+            self.bar.add_task("sweep", total=self.run_ends.sweep_total, completed=self.run_ends.sweep_done)
         task = self.bar.add_task(f"  {self.label} steps", total=None)
         self.bar.start()
         return self.bar, task

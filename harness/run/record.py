@@ -71,12 +71,6 @@ def _schema_defaults() -> dict:
     return flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig), throw_on_missing=False))
 
 
-def claim_key(rid: str, repeat: int | None) -> str:
-    """What one invocation claims while it runs a config (harness/run/ending.py): its run_id, and the
-    repeat after the first, so two invocations of a study never run the same repeat twice."""
-    return rid + (f".r{repeat}" if repeat else "")
-
-
 def make_record(config: dict, run, dims, status: str, error: str | None,
                 measured: dict | None = None, predicted: dict | None = None, env: dict | None = None,
                 run_dir: Path | None = None, wall_s: float | None = None) -> dict:

@@ -8,8 +8,11 @@ from rich.markup import escape
 from harness.config import ADHOC_STUDY, as_dict, to_run_config
 from harness.run import record as rec
 from harness.run import results_file
-from harness.run.ending import Ending, console, failure, print_table, received
+from harness.run.cause import failure
+from harness.run.ending import Ending
 from harness.run.record import Status
+from harness.run.signals import received
+from harness.run.terminal import console, print_table
 from harness.run.wandb_log import group
 from harness.validate import validate
 
@@ -21,16 +24,16 @@ def _base(config: DictConfig) -> tuple[str, str]:
     return str(config.get("results_dir", "results")), str(config.get("study", ADHOC_STUDY))
 
 
-def composition_failure(ending: Ending, config: DictConfig, overrides: list[str], error: Exception) -> dict:
+def composition_failure(run_ends: Ending, config: DictConfig, overrides: list[str], error: Exception) -> dict:
     """A job Hydra cannot compose (unknown option, bad type): an invalid record with Hydra's message."""
     results_dir, study = _base(config)
     strategy = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "strategy"), None)
     cfg = {"study": study, "overrides": list(overrides), "strategy": {"name": strategy}}
-    return ending.end(rec.make_record(cfg, None, None, Status.INVALID, f"{type(error).__name__}: {error}"),
+    return run_ends.end(rec.make_record(cfg, None, None, Status.INVALID, f"{type(error).__name__}: {error}"),
                       " ".join(overrides), results_dir)
 
 
-def unlaunched(ending: Ending, job_cfg: DictConfig, status: Status, error: str) -> dict:
+def unlaunched(run_ends: Ending, job_cfg: DictConfig, status: Status, error: str) -> dict:
     """A job that ended without writing its record: killed by SLURM (`failed`/`timeout`), or not
     launched because brigade was signalled (`interrupted`). Its config is composed here as in the
     job, so the record has the run_id a resumed study looks for."""
@@ -40,14 +43,14 @@ def unlaunched(ending: Ending, job_cfg: DictConfig, status: Status, error: str) 
         dims = validate(run)
     except Exception:  # noqa: BLE001
         dims = None
-    return ending.end(rec.make_record(config, run, dims, status, error), run.strategy.name, run.results_dir)
+    return run_ends.end(rec.make_record(config, run, dims, status, error), run.strategy.name, run.results_dir)
 
 
-def launcher_failure(ending: Ending, job_cfg: DictConfig, error: BaseException, status: Status | None = None) -> dict:
+def launcher_failure(run_ends: Ending, job_cfg: DictConfig, error: BaseException, status: Status | None = None) -> dict:
     """A job the launcher reports failed before it wrote a record, by the rule every job that raised
-    follows (ending.failure); `status` when the launcher knows better (SLURM's job state)."""
+    follows (harness/run/cause.py: failure); `status` when the launcher knows better (SLURM's job state)."""
     rule_status, text = failure(error)
-    return unlaunched(ending, job_cfg, status or rule_status, text)
+    return unlaunched(run_ends, job_cfg, status or rule_status, text)
 
 
 def finish_study(config: DictConfig, records: list[dict]) -> None:

@@ -19,11 +19,9 @@ from typing import Any, Sequence
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 
 from harness.config import ADHOC_STUDY
-from harness.run.ending import held_by
+from harness.run.claims import SUBMITTED, SUBMITTING, claim_key, held_by
 from harness.run.results_file import already_done, read, records_path
 from launch.slurm import (
-    SUBMITTED,
-    SUBMITTING,
     SlurmJobFailed,
     SlurmJobSignalled,
     _minutes_left,
@@ -49,7 +47,7 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
         assert self.config is not None and self.hydra_context is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        ending = self.task_function.ending
+        run_ends = self.task_function.run_ends
         returns: list = [None] * len(job_overrides)
         queue: list[tuple[int, str]] = []  # (job index, its resources as a key), in sweep order
         composed: dict[int, Any] = {}
@@ -60,9 +58,9 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             # Claimed before the resume check, as a local run is, and held for the job until it ends
             # (its task 0 takes it over if this process dies): another invocation of the study
             # neither submits nor runs it meanwhile.
-            held, run_id = _claim(ending, task_cfg)
+            held, run_id = _claim(run_ends, task_cfg)
             if held:
-                from harness.run.ending import console
+                from harness.run.terminal import console
 
                 console.print(f"[dim]skip {run_id}: {held}[/]")
                 returns[i] = JobReturn(overrides=list(overrides), cfg=task_cfg, status=JobStatus.COMPLETED,
@@ -70,7 +68,7 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
                 continue
             resources = _resources_or_none(task_cfg)
             if resources is None:  # a skip or an invalid config: recorded here, nothing to submit
-                ending.release(run_id)  # the task claims it itself
+                run_ends.claims.release(run_id)  # the task claims it itself
                 returns[i] = JobReturn(overrides=list(overrides), cfg=task_cfg, status=JobStatus.COMPLETED,
                                        _return_value=self.task_function(task_cfg))
                 continue
@@ -98,15 +96,15 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
                         job = executor.submit(self, list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i,
                                               f"job_id_for_{i}", Singleton.get_state())
                     except Exception as e:  # noqa: BLE001 - sbatch refused (too many CPUs, bad partition)
-                        ending.release(claimed.pop(i, ""))
+                        run_ends.claims.release(claimed.pop(i, ""))
                         returns[i] = _failed(job_overrides[i], SlurmJobFailed(f"sbatch refused the job: {e}"))
                         continue
                     if i in claimed:
-                        ending.relabel(claimed[i], f"{SUBMITTED} {job.job_id}")
+                        run_ends.claims.relabel(claimed[i], f"{SUBMITTED} {job.job_id}")
                     in_flight.append((i, job))
                 for i, job in self._finished(in_flight):
                     in_flight.remove((i, job))
-                    ending.release(claimed.pop(i, ""))
+                    run_ends.claims.release(claimed.pop(i, ""))
                     returns[i] = self._outcome(job, job_overrides[i], composed[i])
                 if in_flight:
                     time.sleep(self.poll_s)
@@ -116,7 +114,7 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             raise
         finally:
             for run_id in claimed.values():
-                ending.release(run_id)
+                run_ends.claims.release(run_id)
         return returns
 
     def _executor(self, resources: dict):
@@ -168,7 +166,7 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             from harness.run.record import Status
             from harness.run.sweep import launcher_failure
 
-            record = launcher_failure(self.task_function.ending, task_cfg, error,
+            record = launcher_failure(self.task_function.run_ends, task_cfg, error,
                                       status=Status.TIMEOUT if timed_out else Status.FAILED)
         return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
 
@@ -202,11 +200,11 @@ def _task_cfg(cfg):
     return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
 
 
-def _claim(ending, task_cfg) -> tuple[str | None, str]:
+def _claim(run_ends, task_cfg) -> tuple[str | None, str]:
     """(who holds it, or None once this process holds it for submission; its run_id, "" if none:
     an ad-hoc run, or a config the task function will refuse)."""
     from harness.config import as_dict, to_run_config
-    from harness.run.record import claim_key, run_id
+    from harness.run.record import run_id
 
     try:
         run = to_run_config(task_cfg)
@@ -215,7 +213,7 @@ def _claim(ending, task_cfg) -> tuple[str | None, str]:
     if run.study == ADHOC_STUDY:
         return None, ""
     rid = claim_key(run_id(as_dict(run)), run.repeat)
-    line = ending.claim(run.results_dir, run.study, rid, SUBMITTING)
+    line = run_ends.claims.take(run.results_dir, run.study, rid, SUBMITTING)
     return (held_by(line, run.results_dir, run.study, rid) if line else None), rid
 
 

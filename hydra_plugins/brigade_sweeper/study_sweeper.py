@@ -99,15 +99,16 @@ class StudySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from rich.markup import escape
 
-        from harness.run.ending import console, received
         from harness.run.job import Task
         from harness.run.record import Status
+        from harness.run.signals import received
         from harness.run.sweep import composition_failure, finish_study, launcher_failure, unlaunched
+        from harness.run.terminal import console
 
         # The invocation's Ending comes with the task function (the CLI's); a sweep started some
         # other way gets the task function's own.
         task = self.launcher.task_function
-        ending = task.ending if isinstance(task, Task) else Task().ending
+        run_ends = task.run_ends if isinstance(task, Task) else Task().run_ends
         jobs = self.repeated(self.jobs(arguments))
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -119,27 +120,27 @@ class StudySweeper(Sweeper):
             try:
                 composed[i] = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             except Exception as e:  # noqa: BLE001 - e.g. strategy=nosuch: an invalid record, not a dead sweep
-                records[i] = composition_failure(ending, self.config, job, e)
+                records[i] = composition_failure(run_ends, self.config, job, e)
         runnable = sorted(composed)
 
         common = set.intersection(*(set(j) for j in jobs)) if len(jobs) > 1 else set()
         basic = "BasicLauncher" in str(self.config.hydra.launcher.get("_target_", ""))
         size = 1 if basic else (self.max_batch_size or len(runnable) or 1)
-        ending.sweep_total = len(jobs)
+        run_ends.sweep_total = len(jobs)
         returns = []
         for start in range(0, len(runnable), size):
             idx = runnable[start:start + size]
             if received():  # between runs: the next run ends as interrupted unless one in flight did
                 left = len(runnable) - start
-                if not ending.interrupted():
-                    records[idx[0]] = unlaunched(ending, composed[idx[0]], Status.INTERRUPTED,
+                if not run_ends.interrupted():
+                    records[idx[0]] = unlaunched(run_ends, composed[idx[0]], Status.INTERRUPTED,
                                                  f"brigade received {received()} before the run was launched; "
                                                  f"nothing was started")
                     left -= 1
                 console.print(f"[red]{received()}[/]: the sweep stops; {left} run(s) not "
                               f"started (run the same command again to resume a named study)")
                 break
-            ending.sweep_done = sum(r is not None for r in records)
+            run_ends.sweep_done = sum(r is not None for r in records)
             for i in idx:  # what sets this job apart from the others
                 own = [o for o in jobs[i] if o not in common] or jobs[i]
                 console.print(f"[bold][{i + 1}/{len(jobs)}][/] {escape(' '.join(own))}")
@@ -149,8 +150,8 @@ class StudySweeper(Sweeper):
                 try:
                     records[i] = r.return_value
                     if records[i]:  # a SLURM job's record was ended in another process: it counts here too
-                        ending.count(records[i])
+                        run_ends.count(records[i])
                 except Exception as e:  # noqa: BLE001 - the job died without writing its record
-                    records[i] = launcher_failure(ending, composed[i], e)
+                    records[i] = launcher_failure(run_ends, composed[i], e)
         finish_study(self.config, [r for r in records if r is not None])
         return returns

@@ -7,8 +7,8 @@ from rich.console import Console
 
 from harness.collect import aggregate
 from harness.config import as_dict, to_run_config
-from harness.run.terminal import results_table
 from harness.run.record import make_record
+from harness.run.terminal import results_table
 from harness.validate import validate
 from tests.helpers import compose_config
 

@@ -5,7 +5,10 @@ no branch here unless it brings a new constraint.
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 from importlib.metadata import version
+from pathlib import Path
 
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig, check_domains
@@ -297,8 +300,6 @@ def _validate_deepspeed(run: RunConfig, dims: ParallelDims) -> None:
         if s.offload == "none":
             raise ConfigError("strategy.ds.cpu_adam=true steps the optimizer on the host: it needs "
                               "strategy.offload=optimizer or optimizer+params")
-        from harness.strategies.deepspeed.config import prebuilt_ops
-
         if not prebuilt_ops().get("cpu_adam"):
             raise ConfigError("strategy.ds.cpu_adam=true but this DeepSpeed install has no prebuilt cpu_adam op: "
                               "it would JIT-compile DeepSpeedCPUAdam (~280 s on a 2-core CPU); install DeepSpeed "
@@ -440,3 +441,18 @@ def _validate_megatron_overlaps(s, dims: ParallelDims, distributed: bool, torch_
         raise ConfigError("strategy.pp_recv_buffers=in_flight prices Megatron-LM's pipeline receives (a tensor per "
                           "transfer); brigade's runtime runs torch's pipeline stages, which make a buffer for every "
                           "micro-batch of the step: set it to step to run")
+
+
+def prebuilt_ops() -> dict[str, bool]:
+    """DeepSpeed's `installed_ops` (which ops were compiled at install time), read from its
+    git_version_info_installed.py without importing deepspeed (that would import torch here)."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(list(spec.submodule_search_locations)[0]) / "git_version_info_installed.py"
+    if not path.exists():
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "installed_ops":
+            return ast.literal_eval(node.value)
+    return {}

@@ -13,55 +13,20 @@ import pytest
 
 from harness import catalog
 from harness.dims import MESH_AXES
+from harness.tools.import_floors import (
+    EXCEPTIONS,
+    FLOORS,
+    MODULES,
+    PACKAGES,
+    REPO,
+    drawing,
+    floor_of,
+    import_graph,
+    project_files,
+    upward,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("harness", "models", "launch", "hydra_plugins", "lab")
 MAX_LINES = 500  # a smell detector, not a budget: a module is one idea, and files always read together merge
-
-
-def project_files() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-MODULES = {module_name(p): p for p in project_files()}
-
-
-def _resolve(name: str) -> str | None:
-    """The project module an import names (a module, or the package holding the imported name)."""
-    while name and name not in MODULES:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def import_graph() -> dict[str, set[str]]:
-    """module -> project modules it imports, at any depth of the file (function-level imports too)."""
-    graph: dict[str, set[str]] = {}
-    for mod, path in MODULES.items():
-        deps = set()
-        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                targets = [f"{base}.{a.name}" for a in node.names] + [base]
-            else:
-                continue
-            for t in targets:
-                r = _resolve(t)
-                if r and r != mod and not mod.startswith(r + "."):  # a module importing its own package is not a cycle
-                    deps.add(r)
-        graph[mod] = deps
-    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -95,6 +60,25 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     graph = import_graph()
     graph["harness.catalog"] = graph["harness.catalog"] | {"harness.validate"}  # validate imports the catalog
     assert find_cycle(graph) is not None
+
+
+def test_every_module_stands_on_a_floor_and_no_import_runs_back_up_one():
+    """harness/tools/import_floors.py: each module on one floor; an import that runs back up a floor is
+    written down in EXCEPTIONS with its reason, or this fails with the drawing."""
+    graph = import_graph()
+    for m in graph:
+        floor_of(m)  # raises for a module on no floor
+    undocumented = [a for a in upward(graph) if a not in EXCEPTIONS]
+    assert not undocumented, drawing(graph)
+    assert set(EXCEPTIONS) <= set(upward(graph)), "an exception that no longer happens: remove it"
+
+
+def test_the_floor_check_sees_a_planted_arrow_back_up():
+    graph = import_graph()
+    graph["harness.catalog"] = graph["harness.catalog"] | {"harness.run.job"}
+    assert ("harness.catalog", "harness.run.job") in upward(graph)
+    assert "NOT DOCUMENTED" in drawing(graph)
+    assert floor_of("harness.catalog") == 0 and floor_of("harness.run.job") == len(FLOORS) - 2
 
 
 # Names that are also mesh-axis names (tp, pp, ep) name axes far more often than strategies.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.strategies.deepspeed import config as ds_config
+from harness.validate import prebuilt_ops
 from tests.helpers import DEVICES, assert_losses_match, compose_config, device_overrides, run
 
 STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
@@ -149,7 +150,7 @@ def test_offload_refusals(tmp_path, overrides, reason):
 
 
 def test_cpu_adam_without_prebuilt_op_is_refused(tmp_path):
-    if ds_config.prebuilt_ops().get("cpu_adam"):
+    if prebuilt_ops().get("cpu_adam"):
         pytest.skip("this DeepSpeed install has cpu_adam prebuilt: DeepSpeedCPUAdam would load without a build")
     error = refusal(["strategy=zero2", "strategy.engine=deepspeed", "parallel.dp=2", "strategy.offload=optimizer",
                      "strategy.ds.cpu_adam=true"], tmp_path)

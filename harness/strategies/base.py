@@ -6,6 +6,7 @@ The timed loop (harness/worker/loop.py) is the same for every strategy. It calls
                                      # (DeepSpeed needs both at once, so they are not separate calls)
     strategy.train_step(microbatches) -> local loss or None
     strategy.state_tensors()         # the local tensors of params, grads and optimizer state
+                                     # (counted by tensor_bytes: distinct storages, a DTensor's shard)
 
 `Strategy` itself is plain single-device training with gradient accumulation; subclasses override
 `setup`, `accumulating` (e.g. DDP's no_sync) or the whole `train_step` (pipelines, DeepSpeed).
@@ -23,6 +24,27 @@ from models.gpt import loss_function
 # modes use.
 
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}  # also FSDP2's param_dtype
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # DTensor: only the shard this rank holds
+    return to_local() if callable(to_local) else t
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct storages among `tensors` (tied or aliased tensors count once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        t = local_tensor(t)
+        if t is None or t.device.type == "meta":
+            continue
+        # the StorageImpl, not data_ptr: fake tensors (launcher=dryrun) have no data pointer
+        key = (t.device, t.untyped_storage()._cdata, t.storage_offset(), t.numel())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
 
 
 class Strategy:

@@ -23,6 +23,7 @@ from harness import rundir
 from harness.collect import trace_analysis
 from harness.dims import COMM_AXES
 from harness.rundir import write_atomic
+from harness.strategies.base import local_tensor, tensor_bytes
 
 # Imports inside functions: the parts of torch, DeepSpeed and brigade that only some strategies, devices or
 # modes use.
@@ -31,27 +32,6 @@ from harness.rundir import write_atomic
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)  # DTensor: only the shard this rank holds
-    return to_local() if callable(to_local) else t
-
-
-def tensor_bytes(tensors) -> int:
-    """Bytes of distinct storages among `tensors` (tied or aliased tensors count once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        t = local_tensor(t)
-        if t is None or t.device.type == "meta":
-            continue
-        # the StorageImpl, not data_ptr: fake tensors (launcher=dryrun) have no data pointer
-        key = (t.device, t.untyped_storage()._cdata, t.storage_offset(), t.numel())
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.numel() * t.element_size()
-    return total
 
 
 # What a storage is counted as, by the phase that created it (LiveTensors): after the model's forward

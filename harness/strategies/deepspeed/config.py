@@ -16,9 +16,7 @@ a ~280 s compile unless prebuilt).
 """
 from __future__ import annotations
 
-import ast
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
@@ -88,18 +86,3 @@ def write(cfg: dict, run_dir) -> Path:
     path = Path(run_dir) / "deepspeed_config.json"
     write_atomic(path, json.dumps(cfg, indent=1, sort_keys=True))
     return path
-
-
-def prebuilt_ops() -> dict[str, bool]:
-    """DeepSpeed's `installed_ops` (which ops were compiled at install time), read from its
-    git_version_info_installed.py without importing deepspeed (that would import torch here)."""
-    spec = importlib.util.find_spec("deepspeed")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    path = Path(list(spec.submodule_search_locations)[0]) / "git_version_info_installed.py"
-    if not path.exists():
-        return {}
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "installed_ops":
-            return ast.literal_eval(node.value)
-    return {}

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from harness.strategies import ds_fake
-from harness.strategies.base import Strategy, canonical_name, over_fake_group
+from harness.strategies.base import Strategy, canonical_name, over_fake_group, tensor_bytes
 from harness.strategies.deepspeed import config as ds_config
 from harness.validate import num_microbatches
 
@@ -166,22 +166,18 @@ class DeepSpeedStrategy(Strategy):
         step every call adds what it sees; the end of train_step closes the capture."""
         if not self._capture:
             return
-        from harness.worker import measure
-
         for key, tensors in self.optimizer_states().items():
             seen = self._pending.setdefault(key, {})
             for t in tensors:
                 seen.setdefault(id(t), t)  # the reference held keeps the id unique until closed
-        self._grad_buffers_bytes = max(self._grad_buffers_bytes, measure.tensor_bytes(self.grad_buffers()))
+        self._grad_buffers_bytes = max(self._grad_buffers_bytes, tensor_bytes(self.grad_buffers()))
 
     def _close_capture(self) -> None:
         if not (self._capture and self._pending):
             return
-        from harness.worker import measure
-
         states = {"params": self.module_states(), **{k: list(v.values()) for k, v in self._pending.items()}}
         self._captured, host = self.split_offloaded(states)
-        self._host_bytes = {f"{k}_bytes": measure.tensor_bytes(v) for k, v in host.items()}
+        self._host_bytes = {f"{k}_bytes": tensor_bytes(v) for k, v in host.items()}
         self._pending, self._capture = {}, False
 
     def module_states(self) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@ maps names to torch classes. A new strategy or schedule is one module, one yaml 
 
 Strategies (the rows of STRATEGIES):
     axes         the parallel axes it may set > 1 (the others must be 1)
-    module       the module under harness/strategies/ that runs it on engine torch
+    module       the module that runs it on engine torch (its STRATEGY class), named whole so a reader can open it
     states       how engine torch holds the model states over dp (the cost model's memory family):
                    replicated     every dp rank holds everything (DDP; tp/pp/ep hold their shards)
                    zero1_torch    ZeroRedundancyOptimizer: whole params/grads, optimizer state by rank
@@ -64,17 +64,19 @@ class StrategyRow:
 
 
 STRATEGIES = {s.name: s for s in (
-    StrategyRow("single", (), "single", "replicated"),
-    StrategyRow("ddp", ("dp",), "ddp", "replicated"),
-    StrategyRow("zero1", ("dp",), "zero1", "zero1_torch"),
-    StrategyRow("zero2", ("dp",), "fsdp", "sharded"),
-    StrategyRow("zero3", ("dp",), "fsdp", "sharded"),
-    StrategyRow("fsdp", ("dp",), "fsdp", "sharded"),
-    StrategyRow("tp", ("tp",), "tp", "replicated"),
-    StrategyRow("pp", ("pp",), "pp", "replicated"),
-    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "multi_axis", "by_dp_shard"),
-    StrategyRow("ep", ("dp", "ep"), "ep", "replicated"),
+    StrategyRow("single", (), "harness.strategies.single", "replicated"),
+    StrategyRow("ddp", ("dp",), "harness.strategies.ddp", "replicated"),
+    StrategyRow("zero1", ("dp",), "harness.strategies.zero1", "zero1_torch"),
+    StrategyRow("zero2", ("dp",), "harness.strategies.fsdp", "sharded"),
+    StrategyRow("zero3", ("dp",), "harness.strategies.fsdp", "sharded"),
+    StrategyRow("fsdp", ("dp",), "harness.strategies.fsdp", "sharded"),
+    StrategyRow("tp", ("tp",), "harness.strategies.tp", "replicated"),
+    StrategyRow("pp", ("pp",), "harness.strategies.pp", "replicated"),
+    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "harness.strategies.multi_axis", "by_dp_shard"),
+    StrategyRow("ep", ("dp", "ep"), "harness.strategies.ep", "replicated"),
 )}
+# launcher=<name>: the module that runs it (its execute(), and preflight() where it has one)
+LAUNCHERS = {"local": "launch.local", "slurm": "launch.slurm", "dryrun": "launch.dryrun"}
 # 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
 # (zero1: the distributed optimizer, harness/strategies/distributed_optimizer.py)
 DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distributed", 1)}
@@ -127,11 +129,12 @@ def zero_stage(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_
 
 
 def module_of(name: str, engine: str, pp: int = 1, n_experts: int = 0) -> str:
-    """The module under harness/strategies/ that runs this strategy. On engine deepspeed the mechanism
+    """The module that runs this strategy (its STRATEGY class). On engine deepspeed the mechanism
     decides, whatever the name: a PipelineModule when pp > 1, DeepSpeed MoE layers when the model has
     experts, else ZeRO (ddp = stage 0)."""
     if engine == "deepspeed":
-        return "deepspeed.pipeline" if pp > 1 else "deepspeed.moe" if n_experts else "deepspeed.zero"
+        return ("harness.strategies.deepspeed.pipeline" if pp > 1 else "harness.strategies.deepspeed.moe" if n_experts
+                else "harness.strategies.deepspeed.zero")
     return strategy(name).module
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE
+from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE, LAUNCHERS
 from harness.dims import ConfigError
 
 # Imports inside functions: Hydra (only the parent composes configs).
@@ -382,7 +382,7 @@ def check_domains(run) -> None:
     if not bad and p.dp * p.tp * p.pp * p.cp > MAX_WORLD:
         bad.append(f"dp {p.dp} * tp {p.tp} * pp {p.pp} * cp {p.cp} = {p.dp * p.tp * p.pp * p.cp} ranks "
                    f"(must be <= {MAX_WORLD})")
-    launchers = sorted(p.stem for p in (CONF_DIR / "launcher").glob("*.yaml"))
+    launchers = sorted(LAUNCHERS)
     if run.launcher.name not in launchers:
         bad.append(f"launcher.name={run.launcher.name!r} (must be one of: {', '.join(launchers)})")
     if bad:

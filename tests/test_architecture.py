@@ -1,6 +1,6 @@
 """Guards on the shape of the code: they fail the moment a change brings back what the house rules
-removed. All but the last read source files with ast and import modules; the last runs one ddp run and
-holds the README's list of the files a run reads against what it imports."""
+removed. They read source files with ast and import modules; one runs a ddp run and holds the README's
+list of the files a run reads against the modules its processes hold."""
 from __future__ import annotations
 
 import ast
@@ -13,11 +13,11 @@ import pytest
 
 from harness import catalog
 from harness.dims import MESH_AXES
+from harness.tools import import_floors
 from harness.tools.import_floors import (
     EXCEPTIONS,
     FLOORS,
     MODULES,
-    PACKAGES,
     REPO,
     drawing,
     floor_of,
@@ -81,6 +81,14 @@ def test_the_floor_check_sees_a_planted_arrow_back_up():
     assert floor_of("harness.catalog") == 0 and floor_of("harness.run.job") == len(FLOORS) - 2
 
 
+def test_catalog_rows_name_modules_that_exist():
+    """A strategy or launcher is loaded by the module its catalog row names (no formatted names): each
+    exists, and the launchers are the launcher= choices in conf/launcher/."""
+    named = set().union(*import_floors.catalog_loads().values())
+    assert named <= set(MODULES), sorted(named - set(MODULES))
+    assert set(catalog.LAUNCHERS) == {p.stem for p in (REPO / "conf" / "launcher").glob("*.yaml")}
+
+
 # Names that are also mesh-axis names (tp, pp, ep) name axes far more often than strategies.
 NAMES = (set(catalog.STRATEGIES) | set(catalog.SCHEDULES)) - set(MESH_AXES)
 ALLOWED = ("harness/catalog.py", "harness/strategies/")
@@ -135,33 +143,30 @@ def test_no_module_over_500_lines(path):
     assert n <= MAX_LINES, f"{path.relative_to(REPO)} has {n} lines (> {MAX_LINES}): does it hold more than one idea?"
 
 
-MAX_RUN_FILES = 34  # a reader follows one run in about as many files as torchtitan's trainer needs
+COSTMODEL = "harness/costmodel/"
 
 
-def readme_run_files() -> list[str]:
-    """The README's list of the files one run reads, in the order it meets them (between the markers)."""
+def readme_run_files() -> tuple[list[str], list[str]]:
+    """The README's list of the files one run reads outside the cost model, in the order it meets them,
+    and the cost model's files (each between its markers)."""
     text = (REPO / "README.md").read_text()
     section = text.split("<!-- run-files:start -->")[1].split("<!-- run-files:end -->")[0]
-    return [line.split("`")[1] for line in section.splitlines() if line.lstrip().startswith(("-", "|", "1", "2",
-            "3", "4", "5", "6", "7", "8", "9")) and line.count("`") >= 2]
+    listed = [line.split("`")[1] for line in section.splitlines() if line[:1].isdigit() and line.count("`") >= 2]
+    costmodel = text.split("<!-- costmodel-files:start -->")[1].split("<!-- costmodel-files:end -->")[0]
+    return listed, [COSTMODEL + name for name in costmodel.split("`")[1::2]]
 
 
-def imported_project_files(log_dir: Path) -> set[str]:
-    """Project files (not __init__) that any process of a run imported; the cost model counts as one room."""
+def held_project_files(log_dir: Path) -> set[str]:
+    """Project files whose modules any process of a run held in sys.modules at its exit."""
     names = {m for f in log_dir.glob("*.txt") for m in f.read_text().split()}
-    out = set()
-    for name in names:
-        if name.split(".")[0] not in PACKAGES or name not in MODULES or MODULES[name].name == "__init__.py":
-            continue
-        path = str(MODULES[name].relative_to(REPO))
-        out.add("harness/costmodel/" if path.startswith("harness/costmodel/") else path)
-    return out
+    return {str(MODULES[n].relative_to(REPO)) for n in names if n in MODULES}
 
 
 @pytest.mark.slow
 def test_a_ddp_run_reads_the_files_the_readme_lists(tmp_path):
-    """One ddp run, parent and ranks together, imports at most MAX_RUN_FILES project files, and they are
-    the README's list (an audit hook in every process logs each import, lazy ones too)."""
+    """One ddp run, parent and ranks together, holds in sys.modules exactly the project files the README
+    lists, and the cost model's files it names apart (tests/inject/sitecustomize.py writes each process's
+    sys.modules as it exits, the ranks' os._exit included); the README's counts are these lists'."""
     from tests.helpers import cli
 
     log = tmp_path / "imports"
@@ -171,13 +176,23 @@ def test_a_ddp_run_reads_the_files_the_readme_lists(tmp_path):
                env={"BRIGADE_TEST_IMPORT_LOG": str(log),
                     "PYTHONPATH": os.pathsep.join(p for p in (inject, os.environ.get("PYTHONPATH")) if p)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    # the entry point: `python -m harness` runs it as __main__ (no import event), the `brigade` script imports it
-    files = imported_project_files(log) | {"harness/__main__.py"}
-    assert len(files) <= MAX_RUN_FILES, f"{len(files)} files: {sorted(files)}"
-    listed = readme_run_files()
-    assert len(listed) == len(set(listed)), listed
-    assert set(listed) == files, (f"README lists but the run does not import: {sorted(set(listed) - files)}; "
-                                  f"imported but not listed: {sorted(files - set(listed))}")
+    assert len(list(log.glob("*.txt"))) >= 4  # the parent, torchrun and two ranks each wrote theirs
+    held = held_project_files(log)
+    listed, costmodel = readme_run_files()
+    assert len(listed) == len(set(listed)) and len(costmodel) == len(set(costmodel)), (listed, costmodel)
+    run_files = {f for f in held if not f.startswith(COSTMODEL)}
+    assert set(listed) == run_files, (f"README lists but the run does not hold: {sorted(set(listed) - run_files)}; "
+                                      f"held but not listed: {sorted(run_files - set(listed))}")
+    assert set(costmodel) == held - run_files, sorted(set(costmodel) ^ (held - run_files))
+    text = (REPO / "README.md").read_text()
+    assert f"reads these\n{len(listed)} files" in text and f"the cost model's {len(costmodel)} besides" in text
+
+
+def test_the_readme_lists_parse():
+    listed, costmodel = readme_run_files()
+    assert "harness/run/job.py" in listed and "harness/costmodel/__init__.py" in costmodel
+    assert all((REPO / f).exists() for f in listed + costmodel), [f for f in listed + costmodel
+                                                                   if not (REPO / f).exists()]
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -97,11 +97,12 @@ def test_zero_stages_compare_like_for_like_across_engines(tmp_path):
 
     for name, stage, reshard in (("zero2", 2, False), ("zero3", 3, True), ("fsdp", 3, True)):
         torch_cfg = to_run_config(compose_config([f"strategy={name}"], tmp_path)).strategy
-        assert (module_name(torch_cfg), torch_cfg.zero_stage, torch_cfg.reshard_after_forward) == ("fsdp", stage, reshard)
+        assert (module_name(torch_cfg), torch_cfg.zero_stage, torch_cfg.reshard_after_forward) == (
+            "harness.strategies.fsdp", stage, reshard)
         ds_cfg = to_run_config(compose_config([f"strategy={name}", "strategy.engine=deepspeed"], tmp_path)).strategy
-        assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("deepspeed.zero", stage)
+        assert (module_name(ds_cfg), ds_cfg.zero_stage) == ("harness.strategies.deepspeed.zero", stage)
     z1 = to_run_config(compose_config(["strategy=zero1"], tmp_path)).strategy
-    assert (module_name(z1), z1.zero_stage) == ("zero1", 1)
+    assert (module_name(z1), z1.zero_stage) == ("harness.strategies.zero1", 1)
 
 
 def test_bf16_comm_hook_sets_fsdp_reduce_dtype():

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import rundir
+from harness import catalog, rundir
 from harness.collect.aggregate import aggregate, environment
 from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.costmodel import predict
@@ -207,7 +207,7 @@ def _plan(run: RunConfig) -> tuple[ParallelDims, dict]:
     if need and need > have and not run.allow_oversubscribe_memory and run.launcher.name != "dryrun":
         raise ConfigError(f"predicted peak memory {need / GiB:.2f} GiB per device > {run.hardware.name} "
                           f"memory {run.hardware.memory_GiB:.2f} GiB (allow_oversubscribe_memory=true runs it anyway)")
-    preflight = getattr(importlib.import_module(f"launch.{run.launcher.name}"), "preflight", None)
+    preflight = getattr(importlib.import_module(catalog.LAUNCHERS[run.launcher.name]), "preflight", None)
     if preflight:  # what only the launcher knows: this machine's devices and memory
         preflight(run, dims, predicted)
     return dims, predicted
@@ -221,7 +221,7 @@ def _dims_if_valid(run: RunConfig) -> ParallelDims | None:
 
 
 def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label: str, run_ends: Ending):
-    launcher = importlib.import_module(f"launch.{run.launcher.name}")
+    launcher = importlib.import_module(catalog.LAUNCHERS[run.launcher.name])
     log_path = run_dir / rundir.WORKERS_LOG
     progress_file = run_dir / rundir.PROGRESS
     with _progress(label, run_ends) as (bar, task):

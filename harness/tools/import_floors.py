@@ -9,7 +9,8 @@ and tests/test_architecture.py fails on any other. The drawing prints each floor
 how many arrows leave it for each floor below, and the arrows back up (the documented exceptions).
 
 Imports are read from the source (ast), at any depth of a file (function-level imports too), so a lazy
-import counts as much as one at the top.
+import counts as much as one at the top; the modules loaded by a catalog row (harness/catalog.py: each
+strategy's module, each launcher's) are arrows from the module that loads them.
 """
 from __future__ import annotations
 
@@ -89,7 +90,20 @@ def import_graph() -> dict[str, set[str]]:
                 if r and r != mod and not mod.startswith(r + "."):  # a module importing its own package is not a cycle
                     deps.add(r)
         graph[mod] = deps
+    for loader, loaded in catalog_loads().items():
+        graph[loader] |= loaded
     return graph
+
+
+def catalog_loads() -> dict[str, set[str]]:
+    """The modules importlib loads by a catalog row's name: strategies (harness/strategies/__init__.py)
+    and launchers (harness/run/job.py)."""
+    from harness import catalog
+
+    strategies = {row.module for row in catalog.STRATEGIES.values()}
+    strategies |= {catalog.module_of(name, "deepspeed", pp, experts) for name in catalog.STRATEGIES
+                   for pp in (1, 2) for experts in (0, 1)}
+    return {"harness.strategies": strategies, "harness.run.job": set(catalog.LAUNCHERS.values())}
 
 
 def floor_of(module: str) -> int:

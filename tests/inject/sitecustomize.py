@@ -9,9 +9,9 @@ BRIGADE_TEST_OPTIMIZER=sgd  plain SGD (no momentum, no normalisation) in place o
 
 BRIGADE_TEST_PLANT=<name>   one planted bug from PLANTS, to show that the parity tests can fail.
 
-BRIGADE_TEST_IMPORT_LOG=<dir>  every process of the run (parent, torchrun, ranks) appends the name of each
-    module it imports to <dir>/<pid>.txt (an audit hook: it sees lazy imports too), so a test can hold
-    the README's list of the files a run reads against what a run really imports.
+BRIGADE_TEST_IMPORT_LOG=<dir>  every process of the run (parent, torchrun, ranks) writes the names in its
+    sys.modules as it exits to <dir>/<pid>.txt (whatever loaded them: import statements, importlib, Hydra's
+    plugin scan), so a test can hold the README's list of the files a run reads against what a run holds.
 """
 from __future__ import annotations
 
@@ -141,17 +141,30 @@ if os.environ.get("BRIGADE_TEST_PLANT"):
     PLANTS[os.environ["BRIGADE_TEST_PLANT"]]()
 
 
-def _log_imports(folder: str) -> None:
+def _log_modules_at_exit(folder: str) -> None:
+    """Write every module this process holds in sys.modules as it leaves: at the interpreter's exit,
+    and from os._exit (the ranks leave without the interpreter's teardown, harness/worker/main.py). The
+    entry point run as __main__ is written under its own name (`python -m harness` -> harness.__main__)."""
+    import atexit
     import sys
 
-    log = open(os.path.join(folder, f"{os.getpid()}.txt"), "a", buffering=1)
+    def write() -> None:
+        names = list(sys.modules)  # in the order they were first imported
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is not None and spec.name:
+            names.insert(0, spec.name)
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "w") as f:
+            f.write("\n".join(names) + "\n")
 
-    def hook(event, args):
-        if event == "import":
-            log.write(f"{args[0]}\n")
+    real_exit = os._exit
 
-    sys.addaudithook(hook)
+    def exiting(code):
+        write()
+        real_exit(code)
+
+    atexit.register(write)
+    os._exit = exiting
 
 
 if os.environ.get("BRIGADE_TEST_IMPORT_LOG"):
-    _log_imports(os.environ["BRIGADE_TEST_IMPORT_LOG"])
+    _log_modules_at_exit(os.environ["BRIGADE_TEST_IMPORT_LOG"])

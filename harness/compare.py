@@ -32,7 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.collect import aggregate
-from harness.collect.aggregate import COMPARED
+from harness.collect.environment import COMPARED
 from harness.labels import ci_text, labels, nbytes
 from harness.run import results_file
 

@@ -18,13 +18,13 @@ import sys
 
 from omegaconf import OmegaConf
 
-from harness.collect.aggregate import ratios, within_goal
-from harness.collect.aggregate import ratios as fidelity_ratios
+from harness.collect.aggregate import within_goal
 from harness.collect.compute_classes import CLASSES
 from harness.config import compose_run, to_run_config
 from harness.costmodel import predict
 from harness.dims import ParallelDims
 from harness.labels import labels
+from harness.run.record import ratios
 from harness.run.results_file import latest_by_run_id, read
 from harness.tools.plan_check import spearman
 
@@ -121,7 +121,7 @@ def predict_again(records: list[dict], hardware: str | None = None) -> tuple[lis
         except Exception as e:  # a record of an older schema, or a config this checkout refuses
             errors.append(f"{r['run_id']}: {type(e).__name__}: {e}")
             continue
-        r["fidelity"] = fidelity_ratios(r["measured"], r["predicted"])
+        r["fidelity"] = ratios(r["measured"], r["predicted"])
         out.append(r)
     return out, errors
 

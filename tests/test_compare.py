@@ -228,7 +228,7 @@ FINGERPRINT = ("cuda", "nccl", "driver", "interconnect", "slurm_job_id", "slurm_
 
 def test_the_fingerprint_is_a_value_or_a_reason_never_a_guess():
     """On any machine: every field read, or null with `unavailable.<field>` saying why."""
-    from harness.collect.aggregate import host_fingerprint
+    from harness.collect.environment import host_fingerprint
 
     env = host_fingerprint()
     for k in FINGERPRINT:
@@ -237,7 +237,7 @@ def test_the_fingerprint_is_a_value_or_a_reason_never_a_guess():
 
 
 def test_the_fingerprint_holds_gpu_name_and_count_per_node():
-    from harness.collect.aggregate import merge_fingerprints as merge
+    from harness.collect.environment import merge_fingerprints as merge
 
     ranks = [{"hostname": "n1", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "slurm_cluster": "c1",
               "unavailable": {}}] * 2 + [{"hostname": "n2", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 4,

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from harness.collect import aggregate
+from harness.run.record import ratios
 from tests.helpers import REPO, cli, records
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ def test_ratios_of_one_record():
          "bubble_pct": 30.0, "peak_mem_bytes": 10, "peak_mem_kind": "cpu_peak_rss"}
     p = {"step_time_s": 1.0, "model_states_bytes": 100, "comm_dp_bytes": 0.0, "comm_tp_bytes": 0.0,
          "bubble_pct": 20.0, "peak_mem_bytes": 5}
-    f = aggregate.ratios(m, p)
+    f = ratios(m, p)
     assert f["step_time_s"] == 2.0 and f["model_states_bytes"] == 1.0
     assert f["comm_dp_bytes"] is None  # predicted 0, measured more: a missed term, no finite ratio
     assert "comm_tp_bytes" not in f  # 0 and 0: nothing to compare

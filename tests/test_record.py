@@ -161,8 +161,8 @@ def test_fidelity_predicts_records_again_on_their_own_or_another_profile():
     """--repredict: the committed demo records predicted again from their own configs; on the profile they
     were recorded on (cpu_reference) the same as from the copy in each record, on another its figures, and
     the ratios made again from the new predictions; three configs or more get a rank correlation."""
-    from harness.collect.aggregate import ratios
     from harness.fidelity import predict_again, rank_line
+    from harness.run.record import ratios
 
     src = Path(__file__).parents[1] / "results" / "reference" / "demo.jsonl"
     recs = results_file.read(src)

@@ -7,17 +7,13 @@ per-rank list (what shows sharding and imbalance between pipeline stages).
 from __future__ import annotations
 
 import copy
-import os
 import random
-import shutil
-import socket
 import statistics
-import subprocess
-from pathlib import Path
 
 from harness import catalog
 from harness.collect import trace_analysis
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
+from harness.run.record import ratios
 
 # Imports inside functions: torch and what imports it, which the parent process never loads;
 # harness.collect.dryrun, which only a dry run needs.
@@ -96,21 +92,6 @@ def _comm(ranks: list[dict]) -> dict:
     return merge(ranks)
 
 
-def environment(ranks: list[dict]) -> dict:
-    env = dict(ranks[0]["env"])
-    env["hosts"] = sorted({r["env"]["hostname"] for r in ranks})
-    env["num_hosts"] = len(env["hosts"])
-    # Nodes: SLURM's node names where there are any (virtual nodes share a hostname), else hosts.
-    node_of = [r["env"].get("slurm_node") or r["env"]["hostname"] for r in ranks]
-    env["nodes"] = sorted(set(node_of))
-    env["num_nodes"] = len(env["nodes"])
-    env.pop("slurm_node", None)  # per rank, not per run: the list above holds them all
-    for key in ("gpu_name", "gpu_count"):  # per node, in `gpus` (harness/collect/aggregate.py)
-        env.pop(key, None)
-    env.update(merge_fingerprints([r["env"] for r in ranks], node_of))
-    return env
-
-
 # -- stats -----------------------------------------------------------------------------------------
 # Step-time statistics: pure Python, so the parent process aggregates without importing torch.
 
@@ -183,53 +164,10 @@ def throughput_ci(groups_or_steps: list, tokens_per_step: float) -> dict:
     return {"step_time_s_ci95": [lo, hi], "tokens_per_s_ci95": [tokens_per_step / hi, tokens_per_step / lo]}
 
 
-# -- fidelity --------------------------------------------------------------------------------------
-# Predicted vs measured: every record's `fidelity` object.
-#
-#     fidelity[k]              = measured[k] / predicted[k]      for each k in KEYS both sides have
-#     fidelity[k_diff_points]  = measured[k] - predicted[k]      for the percentages in POINTS
-#
-# A ratio of 1 is a perfect prediction; > 1 means the model under-predicts. Where the model predicts 0
-# and the run measured more, the ratio is None (no finite ratio: a missed term, shown as such).
-# Peak memory is compared only where the measurement is tensor memory (CUDA max_allocated, or a
-# tensor peak a strategy reports): the CPU fallback is process RSS (~220 MB of torch, allocator
-# caching), which a tensor-memory model cannot and should not predict.
-# The table of a study's ratios: `python -m harness.fidelity results/<study>.jsonl` (harness/fidelity.py).
-
-KEYS = ("step_time_s", "tokens_per_s", "model_states_bytes", "params_bytes", "grads_bytes", "optimizer_bytes",
-        "peak_mem_bytes", "comm_share_pct", "comm_exposed_pct", "bubble_pct",
-        "comm_dp_bytes", "comm_tp_bytes", "comm_pp_bytes", "comm_ep_bytes",
-        # a profiled step's compute by kind of work (harness/collect/compute_classes.py)
-        "compute_time_s", "compute_gemm_time_s", "compute_attention_time_s", "compute_elementwise_time_s",
-        "compute_optimizer_time_s")
-POINTS = ("comm_share_pct", "comm_exposed_pct", "bubble_pct")
-# The issue's goal on a 2-core CPU at world <= 2, after calibration: |ratio - 1| (or points) within these.
+# -- the fidelity study's goals (the ratios themselves: harness/run/record.py) ------------------------
+# The goal on a 2-core CPU at world <= 2, after calibration: |ratio - 1| (or points) within these.
 GOALS = {"step_time_s": 0.20, "model_states_bytes": 0.01, "comm_dp_bytes": 0.05, "comm_tp_bytes": 0.05,
          "comm_pp_bytes": 0.05, "comm_ep_bytes": 0.05, "bubble_pct_diff_points": 5.0}
-RSS_KINDS = ("cpu_peak_rss",)
-
-
-def _num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def ratios(measured: dict, predicted: dict) -> dict:
-    """measured/predicted for every metric both have (see the module docstring)."""
-    out: dict = {}
-    for k in KEYS:
-        m, p = measured.get(k), predicted.get(k)
-        if not (_num(m) and _num(p)):
-            continue
-        if k == "peak_mem_bytes" and measured.get("peak_mem_kind") in RSS_KINDS:
-            continue
-        if p:
-            out[k] = m / p
-        elif m:
-            out[k] = None
-        if k in POINTS:
-            out[f"{k}_diff_points"] = m - p
-    return out
-
 
 def within_goal(fid: dict) -> dict[str, bool]:
     """Which of the study's goals this record meets (metrics it has only)."""
@@ -356,143 +294,3 @@ def config_record(repeats: list[dict]) -> dict:
 def config_records(records: list[dict]) -> list[dict]:
     """One record per config (config_record of its repeats), configs in first-seen order."""
     return [config_record(v) for v in by_config(records).values()]
-
-
-# -- fingerprint -----------------------------------------------------------------------------------
-# The environment fingerprint of a run: what must match before two measurements are compared, and
-# what `harness.compare` and the index print when it does not.
-#
-# Each rank reports its own (`rank_fingerprint`, in the worker, torch imported): CUDA, NCCL, the NVIDIA
-# driver, the GPUs its node shows, the interconnect where the machine lets it be read, and the SLURM job.
-# The parent folds the ranks into one (`merge`): GPU name and count per node. A field that cannot be
-# read is null, and `unavailable` says why (a CPU build of torch has no CUDA; a laptop has no SLURM job):
-# never a guess.
-
-# the fields `harness.compare` lists when two records files differ in them, in this order
-COMPARED = ("torch", "cuda", "nccl", "driver", "gpus", "num_nodes", "interconnect", "cluster",
-            "git_commit", "git_dirty")
-_NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
-_IB = Path("/sys/class/infiniband")
-
-
-def _run(cmd: list[str]) -> str | None:
-    """A short read-only command's output, None when it is absent or fails (5 s at most)."""
-    if not shutil.which(cmd[0]):
-        return None
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-
-
-def driver_version() -> tuple[str | None, str | None]:
-    """(version, None) or (None, why): the kernel module's own line, else nvidia-smi's answer."""
-    try:
-        for word in _NVIDIA_VERSION.read_text().split():
-            if word[:1].isdigit() and word.count(".") >= 1:
-                return word, None
-    except OSError:
-        pass
-    smi = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    if smi:
-        return smi.splitlines()[0].strip(), None
-    return None, f"no NVIDIA driver ({_NVIDIA_VERSION} absent, no nvidia-smi)"
-
-
-def interconnect() -> tuple[dict | None, str | None]:
-    """({"infiniband": [{"device", "port", "rate", "state"}], "nvlink": <nvidia-smi topo -m>}, None),
-    with only what this node shows, or (None, why) when it shows neither."""
-    out: dict = {}
-    ports = []
-    for port in sorted(_IB.glob("*/ports/*")) if _IB.is_dir() else []:
-        def read(name, p=port):
-            try:
-                return (p / name).read_text().strip()
-            except OSError:
-                return None
-        ports.append({"device": port.parts[-3], "port": port.name, "rate": read("rate"), "state": read("state"),
-                      "link_layer": read("link_layer")})
-    if ports:
-        out["infiniband"] = ports
-    topo = _run(["nvidia-smi", "topo", "-m"])
-    if topo:
-        out["gpu_topology"] = topo  # NV# = NVLink hops, SYS/PHB/PIX = PCIe paths, per GPU pair
-    if out:
-        return out, None
-    return None, f"no InfiniBand device under {_IB} and no nvidia-smi topology"
-
-
-def slurm() -> tuple[dict, dict]:
-    """The SLURM job, partition and cluster from the job's environment; reasons when not under SLURM."""
-    job = os.environ.get("SLURM_JOB_ID")
-    got = {"slurm_job_id": job, "slurm_partition": os.environ.get("SLURM_JOB_PARTITION"),
-           "slurm_cluster": os.environ.get("SLURM_CLUSTER_NAME")}
-    why = "not a SLURM job (no SLURM_JOB_ID)" if job is None else "SLURM did not set it"
-    return got, {k: why for k, v in got.items() if v is None}
-
-
-def host_fingerprint() -> dict:
-    """What the parent reads without torch, so that a record no rank wrote (invalid, failed at launch)
-    still names its machine; the ranks' fingerprint replaces it when they ran."""
-    got: dict = {"cuda": None, "nccl": None, "gpus": None}
-    why = {k: "read by the ranks, and no rank reported" for k in got}
-    got["driver"], reason = driver_version()
-    got["interconnect"], reason2 = interconnect()
-    why.update({k: r for k, r in (("driver", reason), ("interconnect", reason2)) if r})
-    s, s_why = slurm()
-    got.update(s)
-    why.update(s_why)
-    got["cluster"] = s["slurm_cluster"] or socket.gethostname()
-    if not s["slurm_cluster"]:
-        why["cluster"] = _NO_CLUSTER
-    got["unavailable"] = why
-    return got
-
-
-_NO_CLUSTER = "no SLURM cluster name: the first node's hostname stands for it"
-
-
-def rank_fingerprint(device) -> dict:
-    """This rank's fingerprint (in the worker: torch is imported here)."""
-    import torch
-
-    got: dict = {}
-    why: dict = {}
-    got["cuda"] = torch.version.cuda
-    if got["cuda"] is None:
-        why["cuda"] = f"torch {torch.__version__} is a build without CUDA"
-    if device.type == "cuda":
-        got["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        got["gpu_name"] = torch.cuda.get_device_name(device)
-        got["gpu_count"] = torch.cuda.device_count()
-    else:
-        got["nccl"] = got["gpu_name"] = None
-        got["gpu_count"] = torch.cuda.device_count() if got["cuda"] else 0
-        why["nccl"] = f"device {device.type}: NCCL runs only with CUDA devices"
-        why["gpu_name"] = f"device {device.type}: no GPU in use"
-    got["driver"], reason = driver_version()
-    if reason:
-        why["driver"] = reason
-    got["interconnect"], reason = interconnect()
-    if reason:
-        why["interconnect"] = reason
-    s, s_why = slurm()
-    got.update(s)
-    why.update(s_why)
-    got["unavailable"] = why
-    return got
-
-
-def merge_fingerprints(rank_envs: list[dict], nodes: list[str]) -> dict:
-    """The run's fingerprint from every rank's: the first rank's fields, GPU name and count per node,
-    and the cluster (SLURM's name for it, else the first node's host)."""
-    first = rank_envs[0]
-    gpus: dict[str, dict] = {}
-    for env, node in zip(rank_envs, nodes):
-        gpus.setdefault(node, {"gpu_name": env.get("gpu_name"), "gpu_count": env.get("gpu_count")})
-    out = {"gpus": gpus or None, "cluster": first.get("slurm_cluster") or first.get("hostname")}
-    if not first.get("slurm_cluster"):
-        out.setdefault("unavailable", dict(first.get("unavailable") or {}))
-        out["unavailable"]["cluster"] = _NO_CLUSTER
-    return out

@@ -21,12 +21,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import catalog, rundir
-from harness.collect.aggregate import aggregate, environment
+from harness.collect.aggregate import aggregate
+from harness.collect.environment import run_environment, start_git_probe
 from harness.config import ADHOC_STUDY, GiB, RunConfig, as_dict, to_run_config
 from harness.costmodel import predict
 from harness.dims import ConfigError, ParallelDims
 from harness.labels import base_label, own_label, slug
-from harness.run import cause, provenance, results_file
+from harness.run import cause, results_file
 from harness.run import record as rec
 from harness.run.cause import failure
 from harness.run.claims import claim_for_job, claim_key
@@ -167,7 +168,7 @@ def _run(cfg: DictConfig, run_ends: Ending, at: _Where, t0: float) -> dict | Non
     at.run_dir = run_dir
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
-    provenance.start_git_probe()
+    start_git_probe()
     status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, run_ends)
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
@@ -252,7 +253,7 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
         measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
                                 f"measurement.json: {cause.log_tail(result.log_path, 5)}"]
     diverged = cause.divergence(measured.get("losses"))
-    return ("diverged" if diverged else "ok"), diverged, measured, environment(measurement["ranks"])
+    return ("diverged" if diverged else "ok"), diverged, measured, run_environment(measurement["ranks"])
 
 
 def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: str, run_ends: Ending,

@@ -3,7 +3,7 @@ results/README.md). Its schema version, the closed set of statuses, its run_id (
 and how one is made (make_record: config, environment, measured, predicted, fidelity).
 
 Where records go and how they are read back is harness/run/results_file.py; the environment's git and
-host part is harness/run/provenance.py; W&B logging is harness/run/wandb_log.py.
+host part is harness/collect/environment.py; W&B logging is harness/run/wandb_log.py.
 """
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import catalog
-from harness.collect.aggregate import ratios as fidelity_ratios
+from harness.collect.environment import parent_env
 from harness.config import ADHOC_STUDY, NON_SEMANTIC_KEYS, RunConfig, flatten
-from harness.run.provenance import parent_env
 
 SCHEMA_VERSION = 1
 
@@ -90,6 +89,51 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
         "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
         "measured": measured or {},
         "predicted": predicted or {},
-        # measured/predicted for every metric both have (harness/collect/aggregate.py); W&B logs fidelity/*
-        "fidelity": fidelity_ratios(measured or {}, predicted or {}) if status == Status.OK else {},
+        # measured/predicted for every metric both have (ratios, below); W&B logs fidelity/*
+        "fidelity": ratios(measured or {}, predicted or {}) if status == Status.OK else {},
     }
+
+
+# -- fidelity ------------------------------------------------------------------------------------
+# Predicted vs measured: every record's `fidelity` object.
+#
+#     fidelity[k]              = measured[k] / predicted[k]      for each k in KEYS both sides have
+#     fidelity[k_diff_points]  = measured[k] - predicted[k]      for the percentages in POINTS
+#
+# A ratio of 1 is a perfect prediction; > 1 means the model under-predicts. Where the model predicts 0
+# and the run measured more, the ratio is None (no finite ratio: a missed term, shown as such).
+# Peak memory is compared only where the measurement is tensor memory (CUDA max_allocated, or a
+# tensor peak a strategy reports): the CPU fallback is process RSS (~220 MB of torch, allocator
+# caching), which a tensor-memory model cannot and should not predict.
+# The table of a study's ratios: `python -m harness.fidelity results/<study>.jsonl` (harness/fidelity.py).
+
+KEYS = ("step_time_s", "tokens_per_s", "model_states_bytes", "params_bytes", "grads_bytes", "optimizer_bytes",
+        "peak_mem_bytes", "comm_share_pct", "comm_exposed_pct", "bubble_pct",
+        "comm_dp_bytes", "comm_tp_bytes", "comm_pp_bytes", "comm_ep_bytes",
+        # a profiled step's compute by kind of work (harness/collect/compute_classes.py)
+        "compute_time_s", "compute_gemm_time_s", "compute_attention_time_s", "compute_elementwise_time_s",
+        "compute_optimizer_time_s")
+POINTS = ("comm_share_pct", "comm_exposed_pct", "bubble_pct")
+RSS_KINDS = ("cpu_peak_rss",)
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def ratios(measured: dict, predicted: dict) -> dict:
+    """measured/predicted for every metric both have (the comment above)."""
+    out: dict = {}
+    for k in KEYS:
+        m, p = measured.get(k), predicted.get(k)
+        if not (_num(m) and _num(p)):
+            continue
+        if k == "peak_mem_bytes" and measured.get("peak_mem_kind") in RSS_KINDS:
+            continue
+        if p:
+            out[k] = m / p
+        elif m:
+            out[k] = None
+        if k in POINTS:
+            out[f"{k}_diff_points"] = m - p
+    return out

@@ -30,7 +30,7 @@ FLOORS = (
     ("schema", ("harness.config",)),
     ("pure parent side", ("harness.costmodel", "harness.costmodel.", "harness.validate", "harness.labels",
                           "harness.collect.aggregate", "harness.collect.trace_analysis", "harness.run.record",
-                          "harness.run.provenance", "harness.run.results_file", "harness.run.claims",
+                          "harness.collect.environment", "harness.run.results_file", "harness.run.claims",
                           "harness.run.wandb_log", "harness.run.cause", "harness.run.terminal")),
     ("model", ("models.layers", "models.moe", "models.gpt")),
     ("strategies", ("harness.strategies", "harness.strategies.")),

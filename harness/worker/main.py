@@ -26,7 +26,7 @@ from typing import NoReturn
 from omegaconf import OmegaConf
 
 from harness import rundir, strategies
-from harness.collect.aggregate import rank_fingerprint
+from harness.collect.environment import rank_fingerprint
 from harness.config import to_run_config
 from harness.rundir import write_atomic
 from harness.validate import num_microbatches, validate

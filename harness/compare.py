@@ -35,6 +35,7 @@ from harness.collect import aggregate
 from harness.collect.environment import COMPARED
 from harness.labels import ci_text, labels, nbytes
 from harness.run import results_file
+from harness.run.record import Status
 
 DEFAULT_THRESHOLD_PCT = 5.0
 MEMORY_KEYS = ("peak_mem_bytes", "model_states_bytes")
@@ -115,7 +116,7 @@ def needs(row: Row) -> str:
 def env_differences(a: list[dict], b: list[dict]) -> list[tuple[str, str, str]]:
     """(field, A's values, B's values) for every fingerprint field whose values differ between the sides."""
     def values(records, key):
-        seen = dict.fromkeys(str((r.get("env") or {}).get(key)) for r in records if r.get("status") == "ok")
+        seen = dict.fromkeys(str((r.get("env") or {}).get(key)) for r in records if r.get("status") == Status.OK)
         return ", ".join(seen) or "-"
 
     out = []

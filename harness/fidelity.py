@@ -24,7 +24,7 @@ from harness.config import compose_run, to_run_config
 from harness.costmodel import predict
 from harness.dims import ParallelDims
 from harness.labels import labels
-from harness.run.record import ratios
+from harness.run.record import Status, ratios
 from harness.run.results_file import latest_by_run_id, read
 from harness.tools.plan_check import spearman
 
@@ -38,7 +38,7 @@ def fastest_by_run_id(records: list[dict]) -> dict[str, dict]:
     """Per run_id, the ok record with the shortest measured step."""
     out: dict[str, dict] = {}
     for r in records:
-        if r["status"] == "ok" and (r["run_id"] not in out or r["measured"]["step_time_s"]
+        if r["status"] == Status.OK and (r["run_id"] not in out or r["measured"]["step_time_s"]
                                     < out[r["run_id"]]["measured"]["step_time_s"]):
             out[r["run_id"]] = r
     return out
@@ -47,7 +47,7 @@ def fastest_by_run_id(records: list[dict]) -> dict[str, dict]:
 def shown(records: list[dict], best: bool = False) -> list[dict]:
     """The ok records the tables show: each config's latest, or with best its fastest."""
     chosen = fastest_by_run_id(records) if best else latest_by_run_id(records)
-    return [r for r in chosen.values() if r["status"] == "ok"]
+    return [r for r in chosen.values() if r["status"] == Status.OK]
 
 
 def table(records: list[dict], best: bool = False) -> str:
@@ -111,7 +111,7 @@ def predict_again(records: list[dict], hardware: str | None = None) -> tuple[lis
     profile = dataclasses.asdict(compose_run([f"hardware={hardware}"]).hardware) if hardware else None
     out, errors = [], []
     for r in records:
-        if r["status"] != "ok":
+        if r["status"] != Status.OK:
             continue
         r = copy.deepcopy(r)
         if profile is not None:

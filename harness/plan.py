@@ -121,7 +121,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
             knob_cache[key] = Strategy.of(replace(base, name=name, schedule=schedule, engine="torch", **extra))
         return knob_cache[key]
 
-    feasible, evaluated, oom, t0 = [], 0, 0, time.perf_counter()
+    feasible, evaluated, over_memory, t0 = [], 0, 0, time.perf_counter()
     for tp in divisors(gpus):
         if heads % tp or d_ff % tp:
             continue
@@ -165,7 +165,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                             lo_states = shards[rep] if rep > 1 else lo
                                             peak = memory_peak(lo_states, mb, m, ckpt)  # no time for what cannot fit
                                             if peak.peak_bytes > mem_limit:
-                                                oom += 1
+                                                over_memory += 1
                                                 continue
                                             pred = finish(lo, mb, m, ckpt, peak)
                                             if rep > 1:
@@ -174,7 +174,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                             feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
                                                                       strat[0], knobs, pred, rep, crosses))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
-    return feasible, {"evaluated": evaluated, "oom": oom, "seconds": time.perf_counter() - t0}
+    return feasible, {"evaluated": evaluated, "over_memory": over_memory, "seconds": time.perf_counter() - t0}
 
 
 def table(cands: list[Candidate], k: int, run, counts: dict):
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         console.print(f"[yellow]no layout of {gpus} devices fits {run.model.name} in {run.hardware.memory_GiB} GiB "
                       f"with global batch {run.workload.global_batch_size}[/]")
-    console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory, {counts['oom']} over "
+    console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory, {counts['over_memory']} over "
                   f"{run.hardware.memory_GiB:g} GiB; global batch {run.workload.global_batch_size} "
                   f"(workload.global_batch_size) fixes the micro-batch count m = global / (dp * mb)")
     for line in hints(run, gpus):

@@ -23,6 +23,7 @@ from harness.costmodel import predict
 from harness.costmodel.memory_peak import TERMS
 from harness.dims import COMM_AXES, ConfigError
 from harness.labels import base_label, nbytes
+from harness.run.record import Status
 from harness.validate import validate
 
 
@@ -37,13 +38,13 @@ def predict_overrides(overrides: list[str]) -> dict:
             dims, not_run = validate(run, torch_runs=False), {"not_run": str(e)}
         out = predict(run, dims)
     except ConfigError as e:
-        return {"status": "invalid", "error": str(e), "config": config}
-    return {"status": "ok", **out, **not_run, "dims": dims.as_dict(), "config": config}
+        return {"status": Status.INVALID, "error": str(e), "config": config}
+    return {"status": Status.OK, **out, **not_run, "dims": dims.as_dict(), "config": config}
 
 
 def summary(out: dict) -> str:
     """The figures a reader looks at first, one per line (the rest: --json)."""
-    if out["status"] != "ok":
+    if out["status"] != Status.OK:
         return f"invalid: {out['error']}"
     c = out["config"]
     lines = [f"{base_label({'config': c, 'dims': out['dims']})}: {c['model']['name']} on "
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     as_json = "--json" in argv
     out = predict_overrides([a for a in argv if a != "--json"])
     print(json.dumps(out, default=str) if as_json else summary(out))
-    return 0 if out["status"] == "ok" else 2
+    return 0 if out["status"] == Status.OK else 2
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
                 except ChildError as e:
                     log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
                     error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
-                             "oom": False, "traceback": e.child_traceback[-8000:]}
+                             "out_of_memory": False, "traceback": e.child_traceback[-8000:]}
                     rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
                     return LaunchResult(1, False, time.monotonic() - t0, log_path)
                 log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")

@@ -19,7 +19,7 @@ import traceback
 
 def _child(conn, fn, args):
     try:
-        conn.send(("ok", fn(*args)))
+        conn.send(("result", fn(*args)))
     except BaseException as e:  # noqa: BLE001 - sent to the parent, which re-raises
         conn.send(("error", (type(e).__name__, str(e), traceback.format_exc())))
     finally:

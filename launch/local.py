@@ -78,15 +78,16 @@ def run_workers(argv: list[str], env: dict, log_path: Path, timeout_s: float, on
     t0 = time.monotonic()
     token = uuid.uuid4().hex
     oom0 = oom_kill_count()
-    why = None  # "timeout" or the signal's name, when the parent ends the run
+    timed_out, signalled = False, None  # why the parent ends the run: its time limit, or a signal (its name)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**env, RUN_TOKEN_VAR: token}, start_new_session=True,
                                 preexec_fn=_die_with_parent)
         try:
             while proc.poll() is None:
-                why = "timeout" if time.monotonic() - t0 > timeout_s else signals.received()
-                if why:
+                timed_out = time.monotonic() - t0 > timeout_s
+                signalled = None if timed_out else signals.received()
+                if timed_out or signalled:
                     break
                 if on_poll:
                     on_poll()
@@ -97,10 +98,10 @@ def run_workers(argv: list[str], env: dict, log_path: Path, timeout_s: float, on
         except BaseException:  # a second Ctrl-C, or a bug in on_poll: take the ranks down with us
             end_run(proc, token)
             raise
-        ended_at = time.time() if why else None
+        ended_at = time.time() if timed_out or signalled else None
         leftovers = end_run(proc, token)  # after a normal exit too: no straggler outlives its run
-    return LaunchResult(None if why else proc.returncode, why == "timeout", time.monotonic() - t0, log_path,
-                        interrupted=why if why not in (None, "timeout") else None, ended_at=ended_at,
+    return LaunchResult(None if ended_at else proc.returncode, timed_out, time.monotonic() - t0, log_path,
+                        interrupted=signalled, ended_at=ended_at,
                         oom_kills=max(0, oom_kill_count() - oom0), leftovers=leftovers)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from harness import catalog
 from harness.dims import MESH_AXES
+from harness.run.record import Status
 from harness.tools import import_floors
 from harness.tools.import_floors import (
     EXCEPTIONS,
@@ -87,6 +88,31 @@ def test_catalog_rows_name_modules_that_exist():
     named = set().union(*import_floors.catalog_loads().values())
     assert named <= set(MODULES), sorted(named - set(MODULES))
     assert set(catalog.LAUNCHERS) == {p.stem for p in (REPO / "conf" / "launcher").glob("*.yaml")}
+
+
+STATUS_VALUES = {s.value for s in Status}
+# Literals spelled like a status that are not one, each with its reason.
+NOT_A_STATUS = {("harness/config.py", "failed"): "rerun=failed: the option's value (which runs to run again)",
+                ("harness/run/results_file.py", "failed"): "rerun=failed, compared where resume reads it"}
+
+
+def status_literals(path: Path) -> list[tuple[int, str]]:
+    return [(n.lineno, n.value) for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in STATUS_VALUES]
+
+
+def test_no_raw_status_string_outside_the_enum():
+    """A run's status is written and compared as harness.run.record.Status, the one list of them: a string
+    spelled like one elsewhere is a fact restated (or, where it is not a status, written down above)."""
+    found = [f"{rel}:{line}: {value!r}" for p in project_files() if (rel := str(p.relative_to(REPO))) !=
+             "harness/run/record.py" for line, value in status_literals(p) if (rel, value) not in NOT_A_STATUS]
+    assert not found, "\n".join(found)
+
+
+def test_status_check_sees_a_planted_literal(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('if r["status"] == "timeout":\n    pass\n')
+    assert status_literals(planted) == [(1, "timeout")]
 
 
 # Names that are also mesh-axis names (tp, pp, ep) name axes far more often than strategies.

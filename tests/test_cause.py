@@ -41,7 +41,8 @@ def stamp(t: float) -> str:
 
 def run_dir_with(tmp_path: Path, errors: list[dict], summary_at: float | None = None, code: int = -9) -> Path:
     for e in errors:
-        (tmp_path / f"error_rank{e['rank']}.json").write_text(json.dumps({"type": "RuntimeError", "oom": False, **e}))
+        error = {"type": "RuntimeError", "out_of_memory": False, **e}
+        (tmp_path / f"error_rank{e['rank']}.json").write_text(json.dumps(error))
     log = SUMMARY.format(t0=stamp(summary_at), t1=stamp(summary_at), code=code) if summary_at else "no summary"
     (tmp_path / "workers.log").write_text(log)
     return tmp_path
@@ -97,7 +98,7 @@ def test_an_error_file_written_before_the_deadline_wins_over_timeout(tmp_path):
 
 
 def test_an_oom_error_file_is_oom(tmp_path):
-    d = run_dir_with(tmp_path, [{"rank": 0, "time": time.time(), "type": "OutOfMemoryError", "message": "CUDA out of memory", "oom": True}])
+    d = run_dir_with(tmp_path, [{"rank": 0, "time": time.time(), "type": "OutOfMemoryError", "message": "CUDA out of memory", "out_of_memory": True}])
     assert cause.verdict(Run, d, result(tmp_path))[0] == "oom"
 
 

@@ -49,7 +49,7 @@ def test_plan_says_when_the_workload_defaults_decide_a_gpu_table(capsys):
 def test_plan_ranks_feasible_configs_that_brigade_accepts():
     run = compose_run(BIG)
     cands, counts = search(run, 1024)
-    assert counts["evaluated"] == len(cands) + counts["oom"]
+    assert counts["evaluated"] == len(cands) + counts["over_memory"]
     rates = [c.pred["tokens_per_s"] for c in cands]
     assert rates == sorted(rates, reverse=True)
     assert all(c.pred["peak_mem_bytes"] <= 80 * 1024**3 for c in cands)

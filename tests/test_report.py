@@ -328,7 +328,7 @@ def test_wandb_summary_run_holds_the_study_tables(study, tmp_path):
     from harness.run.record import Status
 
     assert {k for k in summary if k.startswith("n_") and k != "n_runs"} == {f"n_{s}" for s in Status}  # all 7
-    assert summary["failed_table/nrows"] == 3
+    assert summary["not_ok_table/nrows"] == 3
     (table,) = Path(where).glob("files/media/table/runs_table_*.table.json")
     data = json.loads(table.read_text())
     assert {row[0] for row in data["data"]} == {r.run_id for r in load(jsonl).runs}

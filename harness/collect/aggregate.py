@@ -13,7 +13,7 @@ import statistics
 from harness import catalog
 from harness.collect import trace_analysis
 from harness.costmodel.flops import mfu_peak_tflops, model_flops_per_step
-from harness.run.record import ratios
+from harness.run.record import Status, ratios
 
 # Imports inside functions: torch and what imports it, which the parent process never loads;
 # harness.collect.dryrun, which only a dry run needs.
@@ -260,14 +260,14 @@ def by_config(records: list[dict]) -> dict[str, list[dict]]:
 def step_groups(repeats: list[dict]) -> list[list[float]]:
     """Each ok repeat's timed step times (the samples a config's interval is drawn from)."""
     return [list(r["measured"]["step_times_s"]) for r in repeats
-            if r.get("status") == "ok" and (r.get("measured") or {}).get("step_times_s")]
+            if r.get("status") == Status.OK and (r.get("measured") or {}).get("step_times_s")]
 
 
 def config_record(repeats: list[dict]) -> dict:
     """One record standing for the config. With one repeat, that record untouched (its run interval is
     already in `measured`); with several, the latest one with throughput from all ok repeats pooled, and
     `measured.repeats_ok` / `repeats` saying how many there were."""
-    ok = [r for r in repeats if r.get("status") == "ok"]
+    ok = [r for r in repeats if r.get("status") == Status.OK]
     base = (ok or repeats)[-1]
     groups = step_groups(ok)
     if len(repeats) == 1 or not groups or not base["measured"].get("tokens_per_step"):

@@ -9,6 +9,7 @@ from harness.costmodel.schedule import idle_intervals
 from harness.dims import COMM_AXES
 from harness.report import scaling
 from harness.report.study import MEMORY_PARTS, Study
+from harness.run.record import Status
 
 ACTION_COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#b07aa1", "idle": "rgba(160,160,160,0.35)"}
 PART_COLOURS = {"params_bytes": "#4e79a7", "grads_bytes": "#f28e2b", "optimizer_bytes": "#59a14f",
@@ -50,7 +51,7 @@ def scaling_series(study: Study) -> dict | None:
 
 def memory_series(study: Study) -> dict | None:
     """Per run with any memory figure: the four parts, measured (max over ranks) and predicted."""
-    runs = [r for r in study.runs if r.status != "invalid" and (r.m("model_states_bytes") or r.p("model_states_bytes"))]
+    runs = [r for r in study.runs if r.status != Status.INVALID and (r.m("model_states_bytes") or r.p("model_states_bytes"))]
     if not runs:
         return None
     out = {"labels": [r.label for r in runs], "measured": {}, "predicted": {}}

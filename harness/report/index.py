@@ -31,6 +31,7 @@ from harness.report.blocks import Figures, table
 from harness.report.charts import STRATEGY_COLOURS
 from harness.report.page import STATIC, plotly_js
 from harness.run import results_file
+from harness.run.record import Status
 from harness.rundir import write_atomic
 
 INDEX = "index.html"
@@ -50,7 +51,7 @@ class StudyEntry:
 
     @property
     def env(self) -> dict:
-        ok = [r for r in self.records if r.get("status") == "ok"] or self.records
+        ok = [r for r in self.records if r.get("status") == Status.OK] or self.records
         return ok[-1].get("env") or {}
 
     def report(self) -> str | None:
@@ -99,7 +100,7 @@ def studies_table(studies: list[StudyEntry]) -> str:
 def _tput(r: dict) -> tuple[float, float, float] | None:
     """(tokens/s, 95 % lo, hi) of an ok config record, None otherwise (an interval-less record: its figure)."""
     m = r.get("measured") or {}
-    if r.get("status") != "ok" or not m.get("tokens_per_s"):
+    if r.get("status") != Status.OK or not m.get("tokens_per_s"):
         return None
     lo, hi = m.get("tokens_per_s_ci95") or (m["tokens_per_s"], m["tokens_per_s"])
     return m["tokens_per_s"], lo, hi

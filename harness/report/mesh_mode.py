@@ -9,6 +9,7 @@ from harness.report import mesh as meshmod
 from harness.report import svg
 from harness.report.blocks import explain, notice, num_span, selector, table
 from harness.report.study import Run, Study, candidates, command_for
+from harness.run.record import Status
 
 AXIS_WORDS = {a.name: a.title for a in AXES}
 
@@ -18,7 +19,7 @@ def render(study: Study, figs) -> str:
     head = ""
     if not runs:
         # no run combines two axes: draw the biggest run's mesh anyway, it still shows placement
-        runs = sorted([r for r in study.runs if r.status != "invalid" and r.r.get("dims")],
+        runs = sorted([r for r in study.runs if r.status != Status.INVALID and r.r.get("dims")],
                       key=lambda r: (not r.ok, -r.world, r.run_id))[:1]
         head = notice("This study ran no config that combines two or more parallel axes (dp x tp x pp). "
                       + ("Below: the mesh of its largest run." if runs else ""), command_for(study, "mesh"))

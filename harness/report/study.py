@@ -16,6 +16,7 @@ from harness.collect.aggregate import config_records
 from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
 from harness.labels import base_label, labels
 from harness.run import results_file
+from harness.run.record import Status
 
 MEMORY_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
@@ -43,7 +44,7 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
     @property
     def strategy(self) -> str:
@@ -255,7 +256,7 @@ def candidates(study: Study, mode: str) -> list[Run]:
     else:
         raise ValueError(mode)
     # an invalid record has not run, so it explains nothing beyond its error: ok and failed runs only
-    use = [r for r in use if r.status != "invalid" and r.r.get("dims")]
+    use = [r for r in use if r.status != Status.INVALID and r.r.get("dims")]
     return sorted(use, key=key)
 
 

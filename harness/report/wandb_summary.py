@@ -65,7 +65,7 @@ def tables(study) -> dict[str, tuple[list[str], list[list]]]:
                 comm_rows.append([r.label, axis, meas.get(axis), pred.get(axis), mb, pb])
     out["comm"] = (["run", "axis", "measured_share_pct", "predicted_share_pct", "measured_bytes", "predicted_bytes"],
                    comm_rows)
-    out["failed"] = (["status", "run", "run_id", "error"],
+    out["not_ok"] = (["status", "run", "run_id", "error"],
                      [[r.status, r.label, r.run_id, r.r.get("error")] for r in study.not_ok])
     return out
 

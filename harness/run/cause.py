@@ -42,7 +42,7 @@ _PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote p
 class Death:
     rank: int
     time: float  # seconds since the epoch
-    status: str  # failed | oom
+    status: Status  # FAILED | OOM
     error: str
 
 
@@ -87,7 +87,7 @@ def first_death(run_dir: Path, result) -> Death | None:
     for e in error_files(run_dir):
         if e.get("time", 0) <= ended:
             errors[e["rank"]] = e
-            candidates.append(Death(e["rank"], e.get("time", 0), "oom" if e.get("oom") else "failed",
+            candidates.append(Death(e["rank"], e.get("time", 0), Status.OOM if e.get("out_of_memory") else Status.FAILED,
                                     f"rank {e['rank']}: {e['type']}: {e['message']}"))
     torn_down = []  # SIGTERM: torchrun's own teardown, unless nothing else explains the failure
     for rank, (seen, code) in rank_deaths(result.log_path).items():
@@ -97,7 +97,7 @@ def first_death(run_dir: Path, result) -> Death | None:
         oom = code == -signal.SIGKILL and result.oom_kills > 0
         why = (f"; the kernel OOM-killed {result.oom_kills} process(es) during the run (/proc/vmstat oom_kill): "
                f"host memory ran out" if oom else "")
-        death = Death(rank, seen, "oom" if oom else "failed", f"rank {rank}: killed by {name} (exit code {code}){why}")
+        death = Death(rank, seen, Status.OOM if oom else Status.FAILED, f"rank {rank}: killed by {name} (exit code {code}){why}")
         (torn_down if code == -signal.SIGTERM else candidates).append(death)
     killed = any(d.rank not in errors for d in candidates)
 
@@ -110,29 +110,29 @@ def first_death(run_dir: Path, result) -> Death | None:
     return ordered[0] if ordered else None
 
 
-def launcher_death(result) -> tuple[str, str] | None:
+def launcher_death(result) -> tuple[Status, str] | None:
     """torchrun itself killed by a signal (no summary written): (status, error)."""
     code = result.returncode
     if code is None or code >= 0:
         return None
     if code == -signal.SIGKILL and result.oom_kills > 0:
-        return "oom", (f"torchrun killed by SIGKILL while the kernel OOM-killed {result.oom_kills} process(es) "
+        return Status.OOM, (f"torchrun killed by SIGKILL while the kernel OOM-killed {result.oom_kills} process(es) "
                        f"(/proc/vmstat oom_kill): host memory ran out")
-    return "failed", f"torchrun killed by {signal_name(code)} (exit code {code})"
+    return Status.FAILED, f"torchrun killed by {signal_name(code)} (exit code {code})"
 
 
-def verdict(run, run_dir: Path, result) -> tuple[str, str] | None:
+def verdict(run, run_dir: Path, result) -> tuple[Status, str] | None:
     """(status, error) of a run that did not finish, or None when its measurement is there to read."""
     death = first_death(run_dir, result)
     if death is not None:
         return death.status, death.error
     if result.timed_out:
-        return "timeout", f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; every process of the run ended"
+        return Status.TIMEOUT, f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; every process of the run ended"
     if result.interrupted:
-        return "interrupted", (f"brigade received {result.interrupted} while the run was in flight; "
+        return Status.INTERRUPTED, (f"brigade received {result.interrupted} while the run was in flight; "
                                f"every process of the run ended")
     if not (Path(run_dir) / rundir.MEASUREMENT).exists():
-        return launcher_death(result) or ("failed", f"workers exited with code {result.returncode}: "
+        return launcher_death(result) or (Status.FAILED, f"workers exited with code {result.returncode}: "
                                                     f"{last_exception(result.log_path) or log_tail(result.log_path)}")
     return None
 

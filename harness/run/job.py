@@ -237,7 +237,7 @@ def _launch_and_collect(run: RunConfig, dims: ParallelDims, run_dir: Path, label
     return collect(run, dims, run_dir, result)
 
 
-def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[str, str | None, dict, dict]:
+def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[Status, str | None, dict, dict]:
     """Turn what the ranks left in run_dir into (status, error, measured, env)."""
     ended = cause.verdict(run, run_dir, result)
     if ended is not None:
@@ -246,14 +246,14 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
     try:
         measured = aggregate(run, dims, measurement)
     except Exception as e:  # noqa: BLE001 - a bug in aggregation must still yield a record
-        return "failed", f"aggregating measurement.json failed: {type(e).__name__}: {e}\n{traceback.format_exc()}", {}, {}
+        return Status.FAILED, f"aggregating measurement.json failed: {type(e).__name__}: {e}\n{traceback.format_exc()}", {}, {}
     if result.returncode != 0:
         # Every rank's figures were gathered and written before the exit (e.g. a gloo teardown
         # race in destroy_process_group under load): the run is measured; say what happened.
         measured["warnings"] = [f"workers exited with code {result.returncode} after writing "
                                 f"measurement.json: {cause.log_tail(result.log_path, 5)}"]
     diverged = cause.divergence(measured.get("losses"))
-    return ("diverged" if diverged else "ok"), diverged, measured, run_environment(measurement["ranks"])
+    return (Status.DIVERGED if diverged else Status.OK), diverged, measured, run_environment(measurement["ranks"])
 
 
 def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: str, run_ends: Ending,

@@ -80,7 +80,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
         "study": config.get("study", ADHOC_STUDY),
         "strategy": (config.get("strategy") or {}).get("name"),
         "dims": dims.as_dict() if dims else None,
-        "status": status,
+        "status": Status(status).value,  # a plain str, as read back from the file
         "error": error,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": wall_s,

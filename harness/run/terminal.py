@@ -48,7 +48,7 @@ def results_table(records: list[dict], title: str, names: list[str] | None = Non
     for r, label in zip(records, names or labels(records)):
         m, p = r.get("measured") or {}, r.get("predicted") or {}
         status = r["status"]
-        note = "" if status == "ok" else f" {escape((r.get('error') or '')[:90])}"
+        note = "" if status == Status.OK else f" {escape((r.get('error') or '')[:90])}"
         batch = (r.get("config") or {}).get("workload", {}).get("global_batch_size")  # tells weak from strong scaling
         t.add_row(escape(label), _fmt(batch, "{}"),
                   _fmt(m.get("step_time_s"), "{:.3f}"), _fmt(p.get("step_time_s"), "{:.3f}"),

@@ -7,6 +7,8 @@ layout predicted best is within 10 % of the measured best.
 """
 from __future__ import annotations
 
+from harness.run.record import Status
+
 WITHIN = 0.10  # the predicted best counts as right if it measures within 10 % of the measured best
 
 
@@ -73,7 +75,7 @@ def matches(c, r: dict) -> bool:
 
 def compare(launched: list, records: list[dict]) -> dict:
     """Rows (layout, predicted, measured tokens/s, ranks), rho and the best-within-10 % verdict."""
-    ok = [r for r in records if r.get("status") == "ok"]
+    ok = [r for r in records if r.get("status") == Status.OK]
     rows = []
     for c in launched:
         r = next((r for r in reversed(ok) if matches(c, r)), None)  # the latest record of that config

@@ -78,7 +78,7 @@ def main(run_dir: str) -> None:
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for torchrun
         _write_json(run_dir / rundir.error_file(rank),
                     {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e)[:4000],
-                     "oom": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
+                     "out_of_memory": _is_oom(e), "traceback": traceback.format_exc()[-8000:]})
         raise
 
 

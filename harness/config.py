@@ -17,7 +17,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE, LAUNCHERS
-from harness.dims import ConfigError
+from harness.dims import ConfigError, world_size
 
 # Imports inside functions: Hydra (only the parent composes configs).
 
@@ -379,8 +379,9 @@ def check_domains(run) -> None:
         bad += [f"hardware.{table}.{k}={v!r} (must be > 0 and finite)"
                 for k, v in getattr(run.hardware, table).items() if not POSITIVE[0](v)]
     p = run.parallel
-    if not bad and p.dp * p.tp * p.pp * p.cp > MAX_WORLD:
-        bad.append(f"dp {p.dp} * tp {p.tp} * pp {p.pp} * cp {p.cp} = {p.dp * p.tp * p.pp * p.cp} ranks "
+    world = world_size({"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp})
+    if not bad and world > MAX_WORLD:
+        bad.append(f"dp {p.dp} * tp {p.tp} * pp {p.pp} * cp {p.cp} = {world} ranks "
                    f"(must be <= {MAX_WORLD})")
     launchers = sorted(LAUNCHERS)
     if run.launcher.name not in launchers:

@@ -16,6 +16,7 @@ This module imports torch only inside build_mesh().
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Imports inside functions: torch and what imports it, which the parent process never loads.
@@ -42,6 +43,12 @@ COMM_AXES = tuple(a.name for a in AXES if a.role != "stages")  # each with its o
 PLACEMENT = ("pp", "dp", "cp", "tp")  # outermost first: the rank order above
 
 
+def world_size(degrees: dict) -> int:
+    """The ranks a layout takes: the product of PLACEMENT's degrees (ep and dp_replicate split the dp ranks,
+    vpp is stages per rank), from a record's, a config's or ParallelDims' degrees."""
+    return math.prod(int(degrees.get(a) or 1) for a in PLACEMENT)
+
+
 def degrees(dims: dict, sep: str = " ") -> str:
     """`dp2 cp2 tp2 pp2 vpp2` from a record's or a config's degrees; "1" for a one-device run."""
     return sep.join(f"{a.short}{dims[a.name]}" for a in AXES if (dims.get(a.name) or 1) > 1) or "1"
@@ -66,7 +73,7 @@ class ParallelDims:
         for name in (*DEGREES, "world_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        product = self.dp * self.cp * self.tp * self.pp
+        product = world_size(self.as_dict())
         if product != self.world_size:
             cp = f" * cp({self.cp})" if self.cp > 1 else ""
             raise ConfigError(f"dp({self.dp}){cp} * tp({self.tp}) * pp({self.pp}) = {product} "
@@ -85,7 +92,7 @@ class ParallelDims:
     @classmethod
     def from_config(cls, parallel, launcher=None) -> "ParallelDims":
         cp, rep = getattr(parallel, "cp", 1), getattr(parallel, "dp_replicate", 1)
-        world = parallel.dp * cp * parallel.tp * parallel.pp
+        world = world_size({"dp": parallel.dp, "cp": cp, "tp": parallel.tp, "pp": parallel.pp})
         if launcher is not None and launcher.nproc_per_node > 0:
             world = launcher.nodes * launcher.nproc_per_node
         return cls(dp=parallel.dp, tp=parallel.tp, pp=parallel.pp, vpp=parallel.vpp, ep=parallel.ep, world_size=world,
@@ -121,6 +128,16 @@ class ParallelDims:
                 key = tuple(v for k, v in c.items() if k not in varying)
             out.setdefault(key, []).append(r)
         return list(out.values())
+
+    def grid(self, rank: int) -> tuple[int, int, int]:
+        """Where a rank sits when the mesh is drawn stage by stage, each stage a dp x (cp x tp) grid:
+        (pipeline stage, dp row, column), its row's ranks consecutive (PLACEMENT: tp innermost, then cp)."""
+        c = self.coords(rank)
+        return c["pp"], c["dp"], c["cp"] * self.tp + c["tp"]
+
+    def grid_shape(self) -> tuple[int, int, int]:
+        """(stages, rows, columns) of that drawing: pp, dp, cp x tp."""
+        return self.pp, self.dp, self.cp * self.tp
 
     @property
     def num_stages(self) -> int:

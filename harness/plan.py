@@ -48,7 +48,7 @@ from harness.costmodel.flops import model_flops_per_step
 from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
 from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.memory_peak import memory_peak
-from harness.dims import DEGREES
+from harness.dims import AXES, DEGREES
 from harness.run.results_file import read, records_path
 from harness.tools import plan_check
 from harness.tools.plan_dryrun import dryrun_top
@@ -79,8 +79,7 @@ def strategy_defaults(name: str) -> dict:
 
 
 class Candidate:
-    __slots__ = ("dp", "tp", "pp", "vpp", "ep", "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred",
-                 "dp_replicate", "crosses")
+    __slots__ = (*DEGREES, "zero", "mb", "m", "ckpt", "schedule", "strategy", "knobs", "pred", "crosses")
 
     def __init__(self, dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule, strategy, knobs, pred, dp_replicate=1,
                  crosses=()):
@@ -88,6 +87,7 @@ class Candidate:
         self.mb, self.m, self.ckpt, self.schedule, self.strategy, self.knobs, self.pred = (
             mb, m, ckpt, schedule, strategy, knobs, pred)
         self.dp_replicate = dp_replicate  # HSDP: FSDP over dp / dp_replicate ranks, replicated dp_replicate times
+        self.cp = 1  # the planner does not search context parallelism
         self.crosses = crosses  # the axes whose groups span nodes (layout.node_crossing_axes)
 
     def overrides(self) -> list[str]:
@@ -95,8 +95,8 @@ class Candidate:
         out += [f"strategy.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.knobs.items()]
         if self.pp > 1:
             out.append(f"strategy.schedule={self.schedule}")
-        for axis in DEGREES:  # the planner does not search cp: a Candidate has no cp
-            if getattr(self, axis, 1) > 1:
+        for axis in DEGREES:
+            if getattr(self, axis) > 1:
                 out.append(f"parallel.{axis}={getattr(self, axis)}")
         out += [f"workload.micro_batch_size={self.mb}", f"workload.activation_checkpointing={self.ckpt}"]
         return out
@@ -186,7 +186,7 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
     t = Table(title=f"{run.model.name} on {counts['gpus']} x {hw.name}, global batch {run.workload.global_batch_size} "
                     f"x {run.model.seq_len} tokens, {run.workload.precision}: top {min(k, len(cands))} by predicted "
                     f"tokens/s\n{network(run)}", title_justify="left", header_style="bold")
-    for col in ("#", "strategy", "dp", "tp", "pp", "vpp", "ep", "ZeRO", "mb", "m", "ckpt", "step s", "tokens/s",
+    for col in ("#", "strategy", *(a.short for a in AXES), "ZeRO", "mb", "m", "ckpt", "step s", "tokens/s",
                 "MFU %", "mem GiB", "across nodes", "why"):
         t.add_column(col, justify="left" if col in ("strategy", "ckpt", "why") else "right")
     for i, c in enumerate(cands[:k]):
@@ -196,8 +196,9 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
         sched = c.schedule if c.pp > 1 else ""
         sp = (" +sp" if c.knobs.get("sequence_parallel") else "") + (" +bf16 params" if c.knobs.get("low_precision_params") else "")
         sp += f" hsdp {c.dp_replicate}x{c.dp // c.dp_replicate}" if c.dp_replicate > 1 else ""
-        t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp, str(c.dp), str(c.tp), str(c.pp),
-                  str(c.vpp), str(c.ep), str(c.zero), str(c.mb), str(c.m), c.ckpt, f"{p['step_time_s']:.3g}",
+        t.add_row(str(i + 1), c.strategy + (f" {sched}" if sched else "") + sp,
+                  *(str(getattr(c, a.name)) for a in AXES), str(c.zero), str(c.mb), str(c.m), c.ckpt,
+                  f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
                   ", ".join(c.crosses) or "none", why(c, nxt, gib * 1024**3))
     return t

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import catalog
-from harness.dims import MESH_AXES
+from harness.dims import DEGREES, MESH_AXES
 from harness.run.record import Status
 from harness.tools import import_floors
 from harness.tools.import_floors import (
@@ -113,6 +113,30 @@ def test_status_check_sees_a_planted_literal(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text('if r["status"] == "timeout":\n    pass\n')
     assert status_literals(planted) == [(1, "timeout")]
+
+
+AXIS_HOMES = ("harness/dims.py", "harness/catalog.py")  # the enumeration, and each strategy's axes as data
+
+
+def axis_lists(path: Path) -> list[int]:
+    """Lines with a tuple, list or set literal naming two axes or more: a restated axis list."""
+    axes = set(DEGREES)
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Tuple, ast.List, ast.Set))
+            and sum(isinstance(e, ast.Constant) and e.value in axes for e in n.elts) >= 2]
+
+
+def test_no_restated_axis_list():
+    """Axes, world size and placement come from harness/dims.py (AXES, DEGREES, PLACEMENT, world_size,
+    ParallelDims); a literal list of axes elsewhere drifts from it (a planner table without cp)."""
+    found = [f"{rel}:{line}" for p in project_files() if (rel := str(p.relative_to(REPO))) not in AXIS_HOMES
+             for line in axis_lists(p)]
+    assert not found, "\n".join(found)
+
+
+def test_axis_list_check_sees_a_planted_list(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('for axis in ("dp", "tp", "pp"):\n    pass\nx = ["dp"]\n')
+    assert axis_lists(planted) == [1]
 
 
 # Names that are also mesh-axis names (tp, pp, ep) name axes far more often than strategies.

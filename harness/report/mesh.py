@@ -57,7 +57,7 @@ def describe(run) -> dict | None:
     except ConfigError:
         return None
     per_node = ranks_per_node(run)
-    ranks = [{"rank": r, "node": r // per_node, **dims.coords(r)} for r in range(dims.world_size)]
+    ranks = [{"rank": r, "node": r // per_node, "grid": dims.grid(r), **dims.coords(r)} for r in range(dims.world_size)]
     axes = []
     for axis in sorted(COMM_AXES, key=lambda a: a != "tp"):  # tp first: the chattiest axis
         size = getattr(dims, axis)
@@ -69,5 +69,5 @@ def describe(run) -> dict | None:
         axes.append({"axis": axis, "size": size, "groups": groups, "crossing": len(crossing),
                      "collective": collectives(run, axis), "link": link,
                      "bus_bw_GBps": run.cfg("hardware", link, "bus_bw_GBps")})
-    return {"dims": dims.as_dict(), "ranks_per_node": per_node,
+    return {"dims": dims.as_dict(), "grid_shape": dims.grid_shape(), "ranks_per_node": per_node,
             "nodes": (dims.world_size + per_node - 1) // per_node, "ranks": ranks, "axes": axes}

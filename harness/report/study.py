@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness import catalog, rundir
 from harness.collect.aggregate import config_records
-from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees
+from harness.dims import COMM_AXES, DEGREES, MESH_AXES, degrees, world_size
 from harness.labels import base_label, labels
 from harness.run import results_file
 from harness.run.record import Status
@@ -72,7 +72,7 @@ class Run:
         par = self.cfg("parallel", default={}) or {}
         for axis in DEGREES:
             d.setdefault(axis, par.get(axis, 1) if isinstance(par.get(axis), int) else 1)
-        d.setdefault("world_size", d["dp"] * d["cp"] * d["tp"] * d["pp"])
+        d.setdefault("world_size", world_size(d))
         return d
 
     @property

@@ -208,9 +208,8 @@ def tp_block(t: int, h: int, d_ff: int, heads: int, sp: bool, msg_bytes: float, 
 def mesh(widget_id: str, desc: dict) -> str:
     """pp stages left to right; inside each a dp (rows) x cp*tp (columns, tp innermost) grid of ranks; nodes as
     tinted backgrounds. Each rank carries its group index per axis (data-group-<axis>) for highlighting."""
-    d = desc["dims"]
-    dp, tp, pp = d["dp"], d["tp"], d["pp"]
-    cols = d.get("cp", 1) * tp  # a dp row holds its cp x tp ranks, consecutive (harness/dims.py's rank order)
+    pp, dp, cols = desc["grid_shape"]  # stages, dp rows, cp x tp columns (ParallelDims.grid)
+    at = {tuple(rk["grid"]): rk for rk in desc["ranks"]}
     cw, ch, gap = 92, 50, 64
     block_w, block_h = cols * cw, dp * ch
     width = max(620, 40 + pp * (block_w + gap))
@@ -237,12 +236,13 @@ def mesh(widget_id: str, desc: dict) -> str:
         for s in range(pp):
             for k in range(dp // rows):
                 x0, y0 = 20 + s * (block_w + gap), 50 + k * rows * ch
-                node = (s * dp * cols + k * rows * cols) // per_node
+                node = at[(s, k * rows, 0)]["node"]
                 out.append(f'<rect x="{x0 - 2}" y="{y0 - 1}" width="{block_w + 4}" height="{rows * ch + 2}" rx="6" '
                            f'fill="none" stroke="#2f6db5" stroke-width="1.5"><title>node {node}</title></rect>')
     for rk in desc["ranks"]:
-        x = 20 + rk["pp"] * (block_w + gap) + (rk["cp"] * tp + rk["tp"]) * cw
-        y = 50 + rk["dp"] * ch
+        stage, row, col = rk["grid"]
+        x = 20 + stage * (block_w + gap) + col * cw
+        y = 50 + row * ch
         attrs = " ".join(f'data-group-{a}="{g}"' for a, g in group_of.get(rk["rank"], {}).items())
         node_fill = "#f4f4f4" if rk["node"] % 2 == 0 else "#e3e9f2"
         out.append(f'<g class="mesh-rank" data-rank="{rk["rank"]}" data-node="{rk["node"]}" {attrs}>'
@@ -251,7 +251,7 @@ def mesh(widget_id: str, desc: dict) -> str:
                    + _text(x + cw / 2, y + ch / 2 - 2, f"rank {rk['rank']}", 11, weight="bold")
                    + _text(x + cw / 2, y + ch / 2 + 11, f"node {rk['node']}", 9, fill="#666")
                    + "</g>")
-    out.append(_text(20, height - 14, f"rows: dp rank; columns: {'cp rank x ' if cols > tp else ''}tp rank; {desc['ranks_per_node']} ranks per node "
+    out.append(_text(20, height - 14, f"rows: dp rank; columns: {'cp rank x ' if desc['dims']['cp'] > 1 else ''}tp rank; {desc['ranks_per_node']} ranks per node "
                                       f"(blue outlines / alternating backgrounds: nodes)", 11, anchor="start", fill="#555"))
     out.append("</svg>")
     return "".join(out)

@@ -16,7 +16,7 @@ from harness.config import DOMAINS, RunConfig, as_dict, to_run_config
 from harness.dims import ConfigError
 from harness.run import record as rec
 from harness.run import results_file
-from harness.run.job import _plan
+from harness.run.job import _validate_and_predict
 from launch import local
 from tests.helpers import REPO, cli, compose_config, records
 
@@ -71,7 +71,7 @@ def prelaunch(cfg) -> dict:
     except Exception as e:  # noqa: BLE001 - run_job's composition path: an invalid record
         return rec.make_record({"study": "adhoc"}, None, None, "invalid", f"{type(e).__name__}: {e}")
     try:
-        _plan(run)
+        _validate_and_predict(run)
     except ConfigError as e:
         return rec.make_record(config, run, None, "invalid", str(e))
     return None

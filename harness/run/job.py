@@ -96,37 +96,38 @@ def run_job(cfg: DictConfig, run_ends: Ending | None = None) -> dict | None:
         run_ends.note(Status.INVALID)
         console.print(f"[yellow]invalid[/] {escape(unsafe)}", highlight=False, soft_wrap=True)
         return None
-    at = _Where(raw)
+    known = _KnownSoFar(raw)
     try:
-        return _run(cfg, run_ends, at, t0)
+        return _run(cfg, run_ends, known, t0)
     except Exception as e:  # noqa: BLE001 - the one rule for a task that raised (harness/run/cause.py)
-        if at.ended:
+        if known.ended:
             raise  # its record is written: never a second one
         status, error = failure(e)
-        record = rec.make_record(at.config, at.run, at.dims, status, error, predicted=at.predicted,
-                                 run_dir=at.run_dir, wall_s=time.monotonic() - t0)
-        return _finish(record, at.run, None, at.label, run_ends, at)
+        record = rec.make_record(known.config, known.run, known.dims, status, error, predicted=known.predicted,
+                                 run_dir=known.run_dir, wall_s=time.monotonic() - t0)
+        return _finish(record, known.run, None, known.label, run_ends, known)
 
 
-class _Where:
-    """How far a job got, so that a task that raised still ends in a record with what is known."""
+class _KnownSoFar:
+    """What a job knows so far (its config, dims, prediction, run dir, label), so that a task that raised
+    still ends in a record with what is known."""
 
     def __init__(self, raw: dict):
         self.config, self.run, self.dims, self.predicted, self.run_dir = raw, None, None, None, None
         self.label, self.ended = "", False
 
 
-def _run(cfg: DictConfig, run_ends: Ending, at: _Where, t0: float) -> dict | None:
+def _run(cfg: DictConfig, run_ends: Ending, known: _KnownSoFar, t0: float) -> dict | None:
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         raw.pop("hydra", None)
-        at.config = raw
+        known.config = raw
         run = to_run_config(cfg)
         config = as_dict(run)
     except Exception as e:  # noqa: BLE001 - a type error in an override is an invalid config
-        record = rec.make_record(at.config, None, None, Status.INVALID, f"{type(e).__name__}: {e}")
-        return _finish(record, None, None, "", run_ends, at)
-    at.config, at.run = config, run
+        record = rec.make_record(known.config, None, None, Status.INVALID, f"{type(e).__name__}: {e}")
+        return _finish(record, None, None, "", run_ends, known)
+    known.config, known.run = config, run
 
     # a named study: one invocation runs a config (each repeat of it) at a time (harness/run/claims.py)
     key = claim_key(rec.run_id(config), run.repeat)
@@ -145,18 +146,18 @@ def _run(cfg: DictConfig, run_ends: Ending, at: _Where, t0: float) -> dict | Non
         return done
 
     try:
-        dims, predicted = _plan(run)
+        dims, predicted = _validate_and_predict(run)
     except ConfigError as e:
         record = rec.make_record(config, run, _dims_if_valid(run), Status.INVALID, str(e))
-        return _finish(record, run, None, "", run_ends, at)
-    at.dims, at.predicted = dims, predicted
+        return _finish(record, run, None, "", run_ends, known)
+    known.dims, known.predicted = dims, predicted
     label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
-    at.label = label
+    known.label = label
     if received():  # the parent was asked to stop before this run was launched: it ends here
         record = rec.make_record(config, run, dims, Status.INTERRUPTED,
                                  f"brigade received {received()} before the run was launched; nothing was started",
                                  predicted=predicted, wall_s=time.monotonic() - t0)
-        return _finish(record, run, None, label, run_ends, at)
+        return _finish(record, run, None, label, run_ends, known)
 
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
     name += f"-r{run.repeat}" if run.repeat else ""
@@ -165,7 +166,7 @@ def _run(cfg: DictConfig, run_ends: Ending, at: _Where, t0: float) -> dict | Non
     # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
     # its files are written atomically (all nodes write the same content; workers read them).
     run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
-    at.run_dir = run_dir
+    known.run_dir = run_dir
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
     start_git_probe()
@@ -173,7 +174,7 @@ def _run(cfg: DictConfig, run_ends: Ending, at: _Where, t0: float) -> dict | Non
     if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
         env = {**env, "slurm_job": slurm_job}
     record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
-    return _finish(record, run, run_dir, label, run_ends, at)
+    return _finish(record, run, run_dir, label, run_ends, known)
 
 
 def _claim(run: RunConfig, key: str, run_ends: Ending) -> str | None:
@@ -195,7 +196,7 @@ def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def _plan(run: RunConfig) -> tuple[ParallelDims, dict]:
+def _validate_and_predict(run: RunConfig) -> tuple[ParallelDims, dict]:
     """Validate, predict and check the launcher's machine; ConfigError (with the arithmetic) if it cannot run."""
     dims = validate(run)
     try:
@@ -257,14 +258,14 @@ def collect(run: RunConfig, dims: ParallelDims, run_dir: Path, result) -> tuple[
 
 
 def _finish(record: dict, run: RunConfig | None, run_dir: Path | None, label: str, run_ends: Ending,
-            at: _Where) -> dict:
+            known: _KnownSoFar) -> dict:
     if run is not None and _slurm_job(run):
         from launch.slurm import task_rank
 
         if task_rank() != 0:  # launcher=slurm: the other nodes' tasks ran their ranks; task 0 records
             return record
     label = label or base_label(record)
-    at.ended = True
+    known.ended = True
     if run is not None and run_dir is not None and record["status"] == Status.OK and run.logger.name == "wandb":
         _log_wandb(record, run, run_dir, label, run_ends)
     else:

@@ -6,12 +6,12 @@ maps names to torch classes. A new strategy or schedule is one module, one yaml 
 Strategies (the rows of STRATEGIES):
     axes         the parallel axes it may set > 1 (the others must be 1)
     module       the module that runs it on engine torch (its STRATEGY class), named whole so a reader can open it
-    states       how engine torch holds the model states over dp (the cost model's memory family):
+    state_sharding  how engine torch holds the model states over dp (read by the cost model and validation):
                    replicated     every dp rank holds everything (DDP; tp/pp/ep hold their shards)
                    zero1_torch    ZeroRedundancyOptimizer: whole params/grads, optimizer state by rank
                    sharded        FSDP2: params, grads, optimizer state split on dim 0 over dp
                    by_dp_shard    the strategy's `dp_shard` knob decides (DP_SHARD)
-    Engine deepspeed holds its own way whatever the name (family "deepspeed", its ZeRO stage).
+    Engine deepspeed holds its own way whatever the name (state_sharding "deepspeed", its ZeRO stage).
 
 Pipeline schedules (the rows of SCHEDULES), as torch.distributed.pipelining runs them:
     placement    which of the S = pp * vpp stages pp rank r holds:
@@ -60,7 +60,7 @@ class StrategyRow:
     name: str
     axes: tuple[str, ...]
     module: str
-    states: str
+    state_sharding: str
 
 
 STRATEGIES = {s.name: s for s in (
@@ -80,7 +80,7 @@ LAUNCHERS = {"local": "launch.local", "slurm": "launch.slurm", "dryrun": "launch
 # 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
 # (zero1: the distributed optimizer, harness/strategies/distributed_optimizer.py)
 DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distributed", 1)}
-# zero1's strategy.zero1_impl: ZeroRedundancyOptimizer, or the distributed optimizer (family "distributed")
+# zero1's strategy.zero1_impl: ZeroRedundancyOptimizer, or the distributed optimizer (state_sharding "distributed")
 ZERO1_IMPL = {"torch_zero": "zero1_torch", "distributed": "distributed"}
 DEFAULT_DP_SHARD = "fsdp"
 MOE_DP_SHARD = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe_stages.py)
@@ -108,22 +108,22 @@ def strategy(name: str) -> StrategyRow:
     return STRATEGIES[name]
 
 
-def state_family(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD,
+def state_sharding(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD,
                  zero1_impl: str = "torch_zero") -> str:
-    """The cost model's memory family for a strategy config: replicated | zero1_torch | distributed |
-    sharded | deepspeed."""
+    """How a strategy config holds its model states: replicated | zero1_torch | distributed | sharded |
+    deepspeed (the row's state_sharding, resolved by the engine and the strategy's knobs)."""
     if engine == "deepspeed":
         return "deepspeed"
-    states = strategy(name).states
-    if states == "zero1_torch":
+    sharding = strategy(name).state_sharding
+    if sharding == "zero1_torch":
         return ZERO1_IMPL[zero1_impl]
-    return DP_SHARD[dp_shard][0] if states == "by_dp_shard" else states
+    return DP_SHARD[dp_shard][0] if sharding == "by_dp_shard" else sharding
 
 
 def zero_stage(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD) -> int:
     """What is sharded over dp, as a ZeRO stage (0 nothing, 1 optimizer, 2 + grads, 3 + params)."""
     row = STRATEGIES.get(name)  # records of unknown or unnamed strategies (invalid configs) keep their stage
-    if engine != "deepspeed" and row is not None and row.states == "by_dp_shard":
+    if engine != "deepspeed" and row is not None and row.state_sharding == "by_dp_shard":
         return DP_SHARD[dp_shard][1]
     return zero_stage
 

@@ -45,7 +45,7 @@ from harness import catalog
 from harness.config import CONF_DIR, StrategyConfig, compose_run
 from harness.costmodel.estimate import finish
 from harness.costmodel.flops import model_flops_per_step
-from harness.costmodel.inputs import Hardware, Model, Strategy, ranks_per_node
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs, ranks_per_node
 from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.memory_peak import memory_peak
 from harness.dims import AXES, DEGREES
@@ -118,7 +118,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
         if key not in knob_cache:
             # the strategy's own conf/strategy/<name>.yaml values (zero stage, resharding), then the layout's
             base = replace(run.strategy, **{"zero_stage": 0, **strategy_defaults(name)})
-            knob_cache[key] = Strategy.of(replace(base, name=name, schedule=schedule, engine="torch", **extra))
+            knob_cache[key] = StrategyKnobs.of(replace(base, name=name, schedule=schedule, engine="torch", **extra))
         return knob_cache[key]
 
     feasible, evaluated, over_memory, t0 = [], 0, 0, time.perf_counter()
@@ -146,7 +146,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                 st = knobs_for(strat[0], knobs, schedule)
                                 # HSDP (FSDP2 only): also shard over dp / R ranks, replicated R times
                                 reps = (hsdp_replicas(dp, gpus, ranks_per_node(hw, gpus, nodes))
-                                        if st.family == "sharded" and ep == 1 else ())
+                                        if st.state_sharding == "sharded" and ep == 1 else ())
                                 lo, shards = None, {}
                                 for mb in MICRO_BATCHES:
                                     if gbs % (dp * mb):

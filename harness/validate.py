@@ -331,11 +331,11 @@ FSDP_ACCUMULATE = ("unsharded", "sharded")
 
 def runs_fsdp(s) -> bool:
     """Whether this strategy config shards with FSDP2 (the only one HSDP and fsdp_accumulate apply to)."""
-    return catalog.state_family(s.name, s.engine, s.zero_stage, s.dp_shard) == "sharded"
+    return catalog.state_sharding(s.name, s.engine, s.zero_stage, s.dp_shard) == "sharded"
 
 
 def reads_dp_shard(s) -> bool:
-    return s.engine == "torch" and catalog.strategy(s.name).states == "by_dp_shard"
+    return s.engine == "torch" and catalog.strategy(s.name).state_sharding == "by_dp_shard"
 
 
 def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
@@ -347,11 +347,11 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
                           f"(plain zero1 takes strategy.zero1_impl=distributed instead)")
     if s.zero1_impl not in ZERO1_IMPLS:
         raise ConfigError(f"unknown zero1_impl '{s.zero1_impl}'; available: {', '.join(ZERO1_IMPLS)}")
-    if s.zero1_impl != "torch_zero" and not (s.engine == "torch" and catalog.strategy(s.name).states == "zero1_torch"):
+    if s.zero1_impl != "torch_zero" and not (s.engine == "torch" and catalog.strategy(s.name).state_sharding == "zero1_torch"):
         raise ConfigError(f"strategy.zero1_impl={s.zero1_impl} means nothing for strategy {s.name} "
                           f"(engine {s.engine}): it chooses zero1's optimizer on engine torch; in 3d use "
                           f"strategy.dp_shard=zero1")
-    distributed = catalog.state_family(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "distributed"
+    distributed = catalog.state_sharding(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "distributed"
     if distributed and s.comm_hook != "none":
         raise ConfigError(f"comm_hook {s.comm_hook} compresses DDP's all-reduce; the distributed optimizer "
                           f"reduce-scatters its own flat buffer: use comm_hook=none")
@@ -404,7 +404,7 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
 def _validate_low_precision_params(s, precision: str, distributed: bool, torch_runs: bool) -> None:
     """bf16 parameters with fp32 main params and grads in the optimizer (Megatron-LM's --bf16): run with the
     distributed optimizer; with DDP (Megatron-LM's Float16OptimizerWithFloat16Params) priced, not run."""
-    replicated = catalog.state_family(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "replicated"
+    replicated = catalog.state_sharding(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "replicated"
     if precision != "bf16-mixed" or not (distributed or (replicated and s.engine == "torch")):
         raise ConfigError(f"strategy.low_precision_params holds the parameters in bf16 with fp32 main params and "
                           f"gradients in the optimizer: it needs workload.precision=bf16-mixed and the distributed "

@@ -18,7 +18,7 @@ from harness.config import compose_run
 from harness.costmodel import activations, comm, pipeline
 from harness.costmodel.estimate import evaluate
 from harness.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.params import numel, rank_inventory
 from harness.predict import predict_overrides
 from tests.helpers import REPO
@@ -169,7 +169,7 @@ def _strategy(name, **kw):
     base = compose_run([f"strategy={name}"]).strategy
     for k, v in kw.items():
         setattr(base, k, v)
-    return Strategy.of(base)
+    return StrategyKnobs.of(base)
 
 
 STAGES = [_strategy("ddp"), _strategy("zero1"), _strategy("zero2"), _strategy("zero3")]

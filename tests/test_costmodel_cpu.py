@@ -11,7 +11,7 @@ import pytest
 from harness.config import as_dict, compose_run
 from harness.costmodel import comm, pipeline, schedule
 from harness.costmodel.estimate import evaluate
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import placement
 
 MD = Model.of(compose_run(["model=small"]).model)
@@ -37,7 +37,7 @@ class _Obj(dict):
 
 
 def predict(hw, dp=1, tp=1, pp=1, strategy="single", mb=2, m=4, ckpt="none", nodes=1):
-    st = Strategy.of(compose_run([f"strategy={strategy}"]).strategy)
+    st = StrategyKnobs.of(compose_run([f"strategy={strategy}"]).strategy)
     return evaluate(MD, hw, st, dp, tp, pp, 1, 1, mb, m, "fp32", ckpt, nodes=nodes, detail=False)
 
 
@@ -81,7 +81,7 @@ def test_sequence_parallel_reads_its_own_dtensor_figures():
     zero = hardware(dtensor={**DTENSOR, "op_us": 0.0, "sequence_parallel": {**sp, "op_us": 0.0}}, corun=None)
     extra = predict(both, tp=2, strategy="tp")["compute_time_s"] - predict(zero, tp=2, strategy="tp")["compute_time_s"]
     assert extra == pytest.approx(4 * MD.L * 78 * 100e-6, rel=1e-9)  # strategy=tp: sequence_parallel false
-    st = Strategy.of(compose_run(["strategy=tp", "strategy.sequence_parallel=true"]).strategy)
+    st = StrategyKnobs.of(compose_run(["strategy=tp", "strategy.sequence_parallel=true"]).strategy)
     with_sp = evaluate(MD, both, st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none", detail=False)
     without = evaluate(MD, zero, st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none", detail=False)
     assert with_sp["compute_time_s"] - without["compute_time_s"] == pytest.approx(4 * MD.L * 120 * 100e-6, rel=1e-9)
@@ -221,7 +221,7 @@ def test_sequence_parallel_pays_its_gathers_scatters_and_norm_gradients():
     the 256 KiB activations, and all-reduces of each LayerNorm parameter's (256,) fp32 gradient; each
     from its own in-step figure where the profile has one."""
     base = hardware(dtensor=None, corun=None)
-    st = Strategy.of(compose_run(["strategy=tp", "strategy.sequence_parallel=true"]).strategy)
+    st = StrategyKnobs.of(compose_run(["strategy=tp", "strategy.sequence_parallel=true"]).strategy)
     sp = evaluate(MD, base, st, 1, 2, 1, 1, 1, 2, 4, "fp32", "none")
     each = 4 * (4 * MD.L + 2)  # 4 per block, one more of each on the embedding and the head's input
     norms = 4 * (2 * 2 * MD.L + 2)  # ln1, ln2: weight and bias; ln_f on the last stage

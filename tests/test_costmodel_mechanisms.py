@@ -8,14 +8,14 @@ from harness.config import compose_run
 from harness.costmodel import comm
 from harness.costmodel.compute import GemmCurve, gemm_time
 from harness.costmodel.estimate import evaluate
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 
 HW = Hardware.of(compose_run(["hardware=h100_sxm"]).hardware)
 MD = Model.of(compose_run(["model=gpt_7b"]).model)
 
 
 def strategy(*overrides):
-    return Strategy.of(compose_run(list(overrides)).strategy)
+    return StrategyKnobs.of(compose_run(list(overrides)).strategy)
 
 
 def run(st, dp=8, m=4, mb=1, precision="bf16-mixed"):

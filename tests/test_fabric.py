@@ -10,7 +10,7 @@ import yaml
 
 from harness.config import compose_run
 from harness.costmodel import comm
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.step_time import tp_comm
 from harness.tools.plan_reasons import network
@@ -83,7 +83,7 @@ def test_one_rank_a_node_drives_one_nic_and_more_nodes_cost_more():
 
 def test_tp_across_nodes_pays_the_fabric_at_small_messages():
     run, hw = hardware("ib_ndr400")
-    md, st = Model.of(compose_run(["model=gpt_70b", "logger=none"]).model), Strategy.of(
+    md, st = Model.of(compose_run(["model=gpt_70b", "logger=none"]).model), StrategyKnobs.of(
         compose_run(["strategy=3d", "logger=none"]).strategy)
     inside = layout(md, hw, st, 8, 8, 1, 1, 1, "bf16-mixed")
     across = layout(md, hw, st, 4, 16, 1, 1, 1, "bf16-mixed")
@@ -103,7 +103,7 @@ def test_tp_across_nodes_pays_the_fabric_at_small_messages():
 def test_pp_crosses_nodes_at_stage_boundaries():
     _, hw = hardware("efa_p5")
     md = Model.of(compose_run(["model=gpt_70b", "logger=none"]).model)
-    st = Strategy.of(compose_run(["strategy=3d", "logger=none"]).strategy)
+    st = StrategyKnobs.of(compose_run(["strategy=3d", "logger=none"]).strategy)
     lo = layout(md, hw, st, 8, 8, 4, 1, 1, "bf16-mixed")
     assert "pp" in node_crossing_axes(lo.place) and lo.links.pp.fabric
     one = 2 * 4096 * md.h * 4

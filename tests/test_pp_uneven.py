@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.config import compose_run
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import layout
 from harness.dims import ConfigError
 from harness.predict import predict_overrides
@@ -46,7 +46,7 @@ OVERRIDES = ["model=gpt_70b", "hardware=h100_sxm", "strategy=3d", "parallel.dp=1
 def test_an_uneven_split_is_accepted_and_priced_by_its_heaviest_stage():
     run_cfg = compose_run(OVERRIDES)
     validate(run_cfg, torch_runs=False)
-    md, hw, st = Model.of(run_cfg.model), Hardware.of(run_cfg.hardware), Strategy.of(run_cfg.strategy)
+    md, hw, st = Model.of(run_cfg.model), Hardware.of(run_cfg.hardware), StrategyKnobs.of(run_cfg.strategy)
     lo = layout(md, hw, st, 1, 8, 32, 1, 1, "bf16-mixed")
     # ranks 0-15 hold 3 blocks, 16-31 hold 2: one rank of each kind stands for its kind
     assert sum(r.layers * r.weight for r in lo.ranks) == 80 and sum(r.weight for r in lo.ranks) == 32
@@ -58,7 +58,7 @@ def test_an_uneven_split_is_accepted_and_priced_by_its_heaviest_stage():
     split = [3] * 17 + [2] * 14 + [1]
     ex_cfg = compose_run([*OVERRIDES, "strategy.stage_layers=[" + ",".join(map(str, split)) + "]"])
     validate(ex_cfg, torch_runs=False)
-    ex = layout(md, hw, Strategy.of(ex_cfg.strategy), 1, 8, 32, 1, 1, "bf16-mixed")
+    ex = layout(md, hw, StrategyKnobs.of(ex_cfg.strategy), 1, 8, 32, 1, 1, "bf16-mixed")
     assert sum(r.layers * r.weight for r in ex.ranks) == 80 and [r for r in ex.ranks if r.last][0].layers == 1
 
 

@@ -4,7 +4,7 @@ Pure Python: it imports no torch, so `python -m harness.predict` and the planner
 anywhere. One formula per function, each citing its source:
 
     params.py       parameter inventory and placement under TP / PP / EP
-    memory.py       model-state bytes per engine (one function per family) and the ZeRO paper's ideal
+    memory.py       model-state bytes per engine (one function per state_sharding) and the ZeRO paper's ideal
     activations.py  activation bytes (Korthikanti et al. 2022; brigade's own constants)
     flops.py        model / hardware FLOPs (Megatron convention)
     traffic.py      bytes of the memory-bound work (element-wise ops, gradient accumulation, AdamW)
@@ -21,7 +21,7 @@ anywhere. One formula per function, each citing its source:
     published.py    the cost model against published GPU runs (lab/published_runs.yaml)
     hsdp_cp.py      HSDP (dp_replicate) and context parallel (cp) over the base estimate
 
-What a strategy or schedule is (its axes, memory family, stage placement) is harness/catalog.py.
+What a strategy or schedule is (its axes, state sharding, stage placement) is harness/catalog.py.
 
 Per rank means the maximum over ranks; `*_per_rank` lists give every rank, in harness/dims.py's rank
 order, where ranks differ.
@@ -37,11 +37,11 @@ def predict(run, dims) -> dict:
     """Predicted figures for one config (RunConfig, ParallelDims), under the same names as the measured ones."""
     from harness.costmodel import hsdp_cp
     from harness.costmodel.estimate import evaluate
-    from harness.costmodel.inputs import Hardware, Model, Strategy
+    from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 
     w = run.workload
     m = num_microbatches(run, dims)
-    hw, st = Hardware.of(run.hardware), Strategy.of(run.strategy)
+    hw, st = Hardware.of(run.hardware), StrategyKnobs.of(run.strategy)
 
     def at(dp: int, mb: float = w.micro_batch_size) -> dict:  # the base estimate at data degree dp (HSDP, cp:
         # harness/costmodel/hsdp_cp.py)

@@ -40,7 +40,7 @@ Dispatch: each layer's ops_per_layer operators cost at least op_dispatch_us each
 each DTensor operator adds its DTensor dispatch (compute.dtensor, harness/tools/calibrate_dtensor.py):
 per micro-batch ops_per_layer x (op_us + op_us_per_melem x the micro-batch's tokens x d_model / 10^6) per layer, and ops_outside_layers x outside_op_us (embedding, head,
 loss parallel) charged with the head to the last stage; per optimizer step the AdamW ops
-(harness/costmodel/layout.py). FSDP2 (family sharded) adds its measured host work per block and
+(harness/costmodel/layout.py). FSDP2 (state_sharding sharded) adds its measured host work per block and
 outside the blocks per micro-batch, and per optimizer step (compute.fsdp2, harness/tools/calibrate_fsdp.py).
 All of it, like the GEMMs, divides by the placement's CPU slowdown.
 """
@@ -190,7 +190,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
         dt = lo.hw.dtensor.sp if lo.strategy.sp else lo.hw.dtensor
         dispatch += dt.ops_per_layer * dt.block_op_s(tokens * md.h) * pl.slowdown
         head_host += dt.ops_outside_layers * dt.outside_op_s * pl.slowdown
-    if lo.strategy.family == "sharded":  # FSDP2's hooks and copies around each block (calibrate_fsdp.py)
+    if lo.strategy.state_sharding == "sharded":  # FSDP2's hooks and copies around each block (calibrate_fsdp.py)
         dispatch += lo.hw.fsdp2["block_s"] * pl.slowdown
         head_host += lo.hw.fsdp2["outside_s"] * pl.slowdown
     host = {c: dispatch * (4 / 3 if c in ("full", "selective_op") else 1) for c in layer}

@@ -6,7 +6,7 @@ transformer blocks, G = its gradient bytes (after any comm hook), m = micro-batc
         overlapped with the last micro-batch's backward;
     ZeroRedundancyOptimizer (zero1_impl=torch_zero): that all-reduce + a broadcast of the updated
         parameters from their owners after the step (nothing left to hide it behind);
-    distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1; family "distributed" of
+    distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1; state_sharding "distributed" of
         harness/catalog.py): one flat reduce-scatter of G after the backward, each rank steps its 1/n,
         one all-gather of Ψ after the step (harness/strategies/distributed_optimizer.py overlaps
         neither); Megatron-Core's overlap_grad_reduce / overlap_param_gather (strategy knobs of those
@@ -65,11 +65,11 @@ class DpCollective:
 
 def dp_ops(st, n: int, param_bytes: float, grad_bytes: float, block_param_bytes: float | None = None,
            ds_gathers: float = 2.0) -> list[DpOp]:
-    """The dp axis' collectives of one rank for a strategy (inputs.Strategy) over n ranks. ds_gathers:
+    """The dp axis' collectives of one rank for a strategy (inputs.StrategyKnobs) over n ranks. ds_gathers:
     DeepSpeed ZeRO-3's gathered elements per micro-batch over the parameters (ds_zero3.py; 2 = the paper's)."""
     if n <= 1:
         return []
-    fam, stage, p, g = st.family, st.zero_stage, param_bytes, grad_bytes
+    fam, stage, p, g = st.state_sharding, st.zero_stage, param_bytes, grad_bytes
     if fam == "replicated" or (fam == "deepspeed" and stage == 0):
         return [DpOp("all_reduce", g, 0.0, "backward_last")]
     if fam == "zero1_torch":
@@ -119,8 +119,8 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
     st, pl, precision = lo.strategy, lo.place, lo.precision
     e = catalog.PRECISION_BYTES[precision]
     busiest = lo.busiest
-    grad_elem = 4 if (st.family != "deepspeed" or precision == "fp32") else e
-    param_elem = e if st.family in ("sharded", "deepspeed") or st.low_precision_params else 4
+    grad_elem = 4 if (st.state_sharding != "deepspeed" or precision == "fp32") else e
+    param_elem = e if st.state_sharding in ("sharded", "deepspeed") or st.low_precision_params else 4
     dense_g, expert_g = grad_comm_bytes(st, busiest.groups, grad_elem)
     dense_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "dense")
     expert_p = param_elem * sum(c * d0 * r for c, d0, r, k in busiest.groups if k == "expert")
@@ -139,7 +139,7 @@ def dp_collectives(lo, block_groups) -> list[DpCollective]:
             link = comm.collective_link(lo.hw, op.collective, n, pl.tp, pl.ranks_per_node)
             # DDP, DeepSpeed and Megatron reduce by gradient bucket; FSDP one reduce-scatter per unit
             bucketed = (op.mechanism in ("backward_last", "backward_each", "next_forward")
-                        and st.family != "sharded")
+                        and st.state_sharding != "sharded")
             units = busiest.layers + 1
             ahead = (min(1.0, st.ds_buckets[1] * param_elem / (pb / units))
                      if st.ds_buckets and op.mechanism == "prefetch" else 1.0)

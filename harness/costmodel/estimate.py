@@ -1,6 +1,6 @@
 """The cost model's core: one config (already reduced to plain numbers) -> the predicted figures.
 
-    predict(run, dims)  -> Model.of / Hardware.of / Strategy.of (inputs.py) + evaluate(..., detail=True)
+    predict(run, dims)  -> Model.of / Hardware.of / StrategyKnobs.of (inputs.py) + evaluate(..., detail=True)
     harness.plan  -> the same objects built once; layout() per parallel layout, finish() in its loop
 
     layout.py       placement, per-rank model states, per-token costs, links, dp collectives
@@ -13,7 +13,7 @@ than it has cores they time-share, so each rank's FLOP/s and bandwidth divide by
 """
 from __future__ import annotations
 
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import Layout, layout
 from harness.costmodel.memory_peak import TRANSIENT_TERMS, MemoryPeak, memory_peak
 from harness.costmodel.predict_figures import add_predict_figures
@@ -92,7 +92,7 @@ def overlap_interference_s(hw, overlapped_s: float, compute_s: float) -> float:
     return max(0.0, min(overlapped_s, compute_s)) * s / (1 + s) if s else 0.0
 
 
-def evaluate(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
+def evaluate(md: Model, hw: Hardware, st: StrategyKnobs, dp: int, tp: int, pp: int, vpp: int, ep: int, mb: int,
              m: int, precision: str, ckpt: str, nodes: int = 1, detail: bool = True, weight_decay: float = 0.0) -> dict:
     """One config's prediction; detail adds FLOPs, rates, per-rank lists and Amdahl (harness.predict)."""
     lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes, detail, weight_decay)

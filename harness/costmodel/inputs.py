@@ -145,19 +145,19 @@ def _collective_table(collectives) -> dict:
     return out
 
 
-class Strategy:
-    """The strategy knobs the cost model reads."""
-    __slots__ = ("name", "engine", "family", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
+class StrategyKnobs:
+    """The strategy knobs the cost model reads (the torch side's strategy classes: harness/strategies/base.py)."""
+    __slots__ = ("name", "engine", "state_sharding", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
                  "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
                  "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "pp_recv_buffers",
                  "low_precision_params", "state_knobs", "stage_layers")
 
     @classmethod
-    def of(cls, s) -> "Strategy":
+    def of(cls, s) -> "StrategyKnobs":
         self = cls()
         self.name, self.engine, self.zero_stage = s.name, s.engine, s.zero_stage
         self.zero1_impl = getattr(s, "zero1_impl", "torch_zero")
-        self.family = mem.family(s)
+        self.state_sharding = mem.state_sharding(s)
         self.schedule = s.schedule
         self.stage_layers = tuple(getattr(s, "stage_layers", None) or ())  # explicit pipeline split (models/pipeline_split.py)
         self.sp = bool(s.sequence_parallel)
@@ -181,15 +181,15 @@ class Strategy:
         self.ds_reuse = ((getattr(s.ds, "stage3_max_reuse_distance", 10**9), s.ds.stage3_param_persistence_threshold)
                          if s.engine == "deepspeed" and s.zero_stage == 3 else None)
         # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
-        self.uses_ddp = self.family in ("replicated", "zero1_torch") and s.engine == "torch"
+        self.uses_ddp = self.state_sharding in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead
         # bf16 params (strategy.low_precision_params) likewise: the distributed optimizer's, or Megatron-LM's bf16
         # module under DDP (priced only, harness/validate.py)
         self.low_precision_params = (bool(getattr(s, "low_precision_params", False))
-                                     and self.family in ("distributed", "replicated"))
-        self.autocast = self.family not in ("sharded", "deepspeed") and not self.low_precision_params
-        # what memory.model_states reads beyond the family: DeepSpeed's knobs, the bf16 params
+                                     and self.state_sharding in ("distributed", "replicated"))
+        self.autocast = self.state_sharding not in ("sharded", "deepspeed") and not self.low_precision_params
+        # what memory.model_states reads beyond the state_sharding: DeepSpeed's knobs, the bf16 params
         self.state_knobs = self.ds_knobs or ((True,) if self.low_precision_params else ())
         return self
 
@@ -203,12 +203,12 @@ def ranks_per_node(hw: Hardware, world: int, nodes: int) -> int:
     return max(1, -(-world // nodes))
 
 
-def ideal_stage(st: Strategy) -> int:
+def ideal_stage(st: StrategyKnobs) -> int:
     """The ZeRO stage whose ideal memory this engine approximates."""
-    if st.family == "replicated":
+    if st.state_sharding == "replicated":
         return 0
-    if st.family in ("zero1_torch", "distributed"):
+    if st.state_sharding in ("zero1_torch", "distributed"):
         return 1
-    if st.family == "sharded":
+    if st.state_sharding == "sharded":
         return st.zero_stage if st.zero_stage >= 2 else 3
     return st.zero_stage

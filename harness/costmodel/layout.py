@@ -17,7 +17,7 @@ from harness.costmodel import activations as act
 from harness.costmodel import comm, traffic
 from harness.costmodel import memory as mem
 from harness.costmodel.dp_comm import dp_collectives
-from harness.costmodel.inputs import Hardware, Model, Strategy, ideal_stage, ranks_per_node
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs, ideal_stage, ranks_per_node
 from harness.costmodel.params import (
     block_numel,
     block_tensors,
@@ -96,7 +96,7 @@ class AxisLinks:
 class Layout:
     model: Model
     hw: Hardware
-    strategy: Strategy
+    strategy: StrategyKnobs
     precision: str
     dtype: str  # the hardware profile's key for the precision: fp32 | bf16 | fp16
     place: Placement
@@ -146,7 +146,7 @@ def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
     return sharing * corun[0], sharing * corun[1]
 
 
-def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:
+def pipeline_ranks(md: Model, st: StrategyKnobs, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:
     """Without detail only pp ranks 0, 1 and p-1: with equal stages the middle ranks hold the same
     parameters and rank 1 has the most micro-batches in flight among them, so every maximum is among
     these three. With unequal stages (pp * vpp not dividing the layers, or an explicit split) also the
@@ -167,7 +167,7 @@ def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detai
     for r in sorted(weight):
         stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
         groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r, st.stage_layers)
-        states = mem.model_states(st.family, groups, pl.dp, pl.ep, precision, st.state_knobs, detail)
+        states = mem.model_states(st.state_sharding, groups, pl.dp, pl.ep, precision, st.state_knobs, detail)
         p, g, o, x = max(states, key=sum)
         out.append(PipelineRank(r, stages, groups, numel(groups), states, p, g, o, x, p + g + o + x,
                                 sum(counts[s] for s in stages), 0 in stages,
@@ -175,7 +175,7 @@ def pipeline_ranks(md: Model, st: Strategy, pl: Placement, precision: str, detai
     return out
 
 
-def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToken:
+def per_token_costs(md: Model, st: StrategyKnobs, tp: int, precision: str) -> PerToken:
     e = catalog.PRECISION_BYTES[precision]
     e_res = 4 if st.autocast else e
     cfg = md.cfg
@@ -194,10 +194,10 @@ def per_token_costs(md: Model, st: Strategy, tp: int, precision: str) -> PerToke
         layer_traffic_bytes={c: traffic.layer_bytes_per_token(cfg, tp, st.sp, e, e_res, c) for c in catalog.CHECKPOINTING},
         head_traffic_bytes=traffic.head_bytes_per_token(cfg, tp),
         act_elem_bytes=e, residual_elem_bytes=e_res,
-        unsharded_elem_bytes=e if st.family == "sharded" else 4)
+        unsharded_elem_bytes=e if st.state_sharding == "sharded" else 4)
 
 
-def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list) -> AxisLinks:
+def axis_links(md: Model, hw: Hardware, st: StrategyKnobs, pl: Placement, ranks: list) -> AxisLinks:
     def link(coll, n, stride):
         return comm.collective_link(hw, coll, n, stride, pl.ranks_per_node)
 
@@ -225,7 +225,7 @@ def axis_links(md: Model, hw: Hardware, st: Strategy, pl: Placement, ranks: list
         tp_norm_grads_per_microbatch=max(norm * (2 * r.layers + int(r.last)) for r in ranks) if st.sp and pl.tp > 1 else 0)
 
 
-def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
+def layout(md: Model, hw: Hardware, st: StrategyKnobs, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
            nodes: int = 1, detail: bool = False, weight_decay: float = 0.0) -> Layout:
     pl = placement(hw, dp, tp, pp, vpp, ep, nodes)
     ranks = pipeline_ranks(md, st, pl, precision, detail)
@@ -246,7 +246,7 @@ def layout(md: Model, hw: Hardware, st: Strategy, dp: int, tp: int, pp: int, vpp
         ops = max(dt.optimizer_ops_per_layer * r.layers + dt.optimizer_ops_outside_layers * (r.first or r.last)
                   for r in ranks)
         lo.optimizer_dispatch_s = ops * dt.optimizer_op_s * pl.slowdown
-    if st.family == "sharded":  # FSDP2's last reduce and the step over DTensor shards (calibrate_fsdp.py)
+    if st.state_sharding == "sharded":  # FSDP2's last reduce and the step over DTensor shards (calibrate_fsdp.py)
         f = hw.fsdp2
         lo.optimizer_dispatch_s += max(f["step_block_s"] * r.layers + f["step_outside_s"] for r in ranks) * pl.slowdown
     return lo

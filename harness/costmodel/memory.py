@@ -6,7 +6,7 @@ TP/PP/EP, N = data-parallel degree:
     fp32:            4Ψ params + 4Ψ grads + 8Ψ optimizer (momentum, variance; no master copy)
     stage 1 divides the optimizer by N, stage 2 also the grads, stage 3 also the params.
 
-What the engines hold (one function per family, named as harness/catalog.py names them; measured = exact local tensor bytes after a step,
+What the engines hold (one function per state_sharding, named as harness/catalog.py names them; measured = exact local tensor bytes after a step,
 params / grads / optimizer state, see harness/worker/measure.py):
   replicated  single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
               4 B params + 4 B grads + AdamW's exp_avg and exp_avg_sq (8 B) per parameter plus a 0-d
@@ -40,10 +40,10 @@ from harness import catalog
 from harness.costmodel.params import n_tensors, numel
 
 
-def family(strategy) -> str:
-    """Which engine holds the model states for this strategy config (harness/catalog.py)."""
-    return catalog.state_family(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard,
-                                getattr(strategy, "zero1_impl", "torch_zero"))
+def state_sharding(strategy) -> str:
+    """How this strategy config holds its model states (harness/catalog.py: state_sharding)."""
+    return catalog.state_sharding(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard,
+                                  getattr(strategy, "zero1_impl", "torch_zero"))
 
 
 def _chunk(dim0: int, n: int, rank: int) -> int:
@@ -60,7 +60,7 @@ def _shard_index(kind: str, dp_rank: int, ep: int) -> int:
     return dp_rank // ep if kind == "expert" else dp_rank  # ep is innermost within dp
 
 
-# -- one function per family: (groups, dp, ep, precision, knobs, dp_ranks) -> [(params, grads, opt, master)] bytes
+# -- one function per state_sharding: (groups, dp, ep, precision, knobs, dp_ranks) -> [(params, grads, opt, master)] bytes
 
 def replicate(groups, dp, ep, precision, knobs, dp_ranks):
     """torch autocast: fp32 params and grads. knobs (True,): Megatron-LM's bf16 module under DDP

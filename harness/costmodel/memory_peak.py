@@ -176,7 +176,7 @@ def fsdp_held_bytes(lo, rank, m: int, accumulated: bool) -> float:
     st = lo.strategy
     if st.ds_reuse and lo.place.dp > 1:  # DeepSpeed ZeRO-3 keeps these gathered from forward to backward
         return catalog.PRECISION_BYTES[lo.precision] * ds_zero3.gathered_elements(lo.model.shape, *st.ds_reuse)[2]
-    if st.family != "sharded" or lo.place.dp <= 1:
+    if st.state_sharding != "sharded" or lo.place.dp <= 1:
         return 0.0
     full = lo.per_token.unsharded_elem_bytes * rank.numel
     root = root_numel(lo, rank)
@@ -207,7 +207,7 @@ def transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
     if rank.last:
         candidates["transient_loss"] = (pt.logits_bytes * mb
                                         + act.loss_chunk_bytes(pt.loss, pt.loss_chunk_tokens, mb * lo.model.s, lo.model.V))
-    if lo.strategy.family == "sharded" and lo.place.dp > 1:
+    if lo.strategy.state_sharding == "sharded" and lo.place.dp > 1:
         candidates["transient_fsdp"] = 3 * lo.fsdp_block_bytes  # this unit's and the prefetched unit's params + its grads
     if recompute := recompute_block_bytes(lo, mb, ckpt):
         candidates["transient_recompute"] = recompute
@@ -234,7 +234,7 @@ def backward_end_transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
     reduce-scatters), the next unit's params gathered ahead, and the root unit's grads, unsharded until
     its own reduce-scatter ends the backward. Recompute: one block's activations while it reruns."""
     out = {}
-    if lo.strategy.family == "sharded" and lo.place.dp > 1:
+    if lo.strategy.state_sharding == "sharded" and lo.place.dp > 1:
         e = lo.per_token.unsharded_elem_bytes
         block = lo.fsdp_block_bytes / e
         out["transient_fsdp_reduce"] = block * (2 * e + unsharded_grad_elem_bytes(lo.strategy)) + root_numel(lo, rank) * e
@@ -254,8 +254,8 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     st = lo.strategy
     states = {"params": worst.params_bytes, "master": worst.master_bytes, "optimizer": worst.optimizer_bytes}
     # Megatron-LM's DDP (low_precision_params) all-reduces its contiguous fp32 grad buffer in place: no copies
-    if lo.place.dp > 1 and ((st.uses_ddp and not st.low_precision_params) or st.family == "deepspeed"):
-        states["comm_buffers"] = mem.comm_buffer_bytes(st.family, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
+    if lo.place.dp > 1 and ((st.uses_ddp and not st.low_precision_params) or st.state_sharding == "deepspeed"):
+        states["comm_buffers"] = mem.comm_buffer_bytes(st.state_sharding, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
                                                        4 if lo.precision == "fp32" else 2, worst.numel)
     live = grads_live_at_loss(lo, worst, m)
     loss = {"grads": grads_at_loss_bytes(lo, worst, m) if live else 0.0,
@@ -301,7 +301,7 @@ def grads_at_loss_bytes(lo, rank, m: int) -> float:
 
 def grads_live_at_loss(lo, rank, m: int) -> bool:
     """Whether gradients exist when `rank` holds its most activations (module docstring)."""
-    if lo.strategy.family == "deepspeed":
+    if lo.strategy.state_sharding == "deepspeed":
         return True
     pl = lo.place
     if pl.pp == 1 and pl.vpp == 1:

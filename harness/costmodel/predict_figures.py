@@ -41,7 +41,7 @@ def rates_and_utilisation(out: dict, lo: Layout, mb: int, m: int, ckpt: str) -> 
         "karp_flatt_serial_fraction": ((world / speedup - 1) / (world - 1)) if world > 1 else 0.0,
         "ranks_per_node": pl.ranks_per_node, "cpu_time_sharing_factor": pl.slowdown, "cpu_memory_slowdown": pl.mem_slowdown,
         "achievable_flops_per_rank": lo.matmul_rate,
-        "memory_family": lo.strategy.family,
+        "state_sharding": lo.strategy.state_sharding,
         "fits_in_memory": out["peak_mem_bytes"] <= hw.memory_bytes,
         "memory_headroom_bytes": hw.memory_bytes - out["peak_mem_bytes"],
         "device_memory_bytes": hw.memory_bytes,

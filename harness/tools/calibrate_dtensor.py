@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from harness import strategies
 from harness.config import compose_run
 from harness.costmodel.compute import microbatch_times
-from harness.costmodel.inputs import Hardware, Model, Strategy
+from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import layout
 from harness.dims import ParallelDims
 from harness.tools.calibrate_compute import cpu_clock
@@ -184,7 +184,7 @@ def kernel_ratio(profile: dict, sequence_parallel: bool) -> float:
     md = Model.of(compose_run(SIZED).model)
 
     def block_s(tp: int) -> float:
-        st = Strategy.of(compose_run(["strategy=tp", f"strategy.sequence_parallel={sequence_parallel}"] if tp > 1
+        st = StrategyKnobs.of(compose_run(["strategy=tp", f"strategy.sequence_parallel={sequence_parallel}"] if tp > 1
                                      else ["strategy=single"]).strategy)
         times = microbatch_times(layout(md, hw, st, 1, tp, 1, 1, 1, "fp32"), MICRO_BATCH)
         return times.layer["none"] + times.layer_traffic["none"]

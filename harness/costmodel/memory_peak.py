@@ -55,14 +55,17 @@ TERMS = {
     "transient_fsdp": "transient: FSDP's gathered units (the one running, the next prefetched, its gradients)",
     "transient_fsdp_reduce": "transient: FSDP's unit being reduced (its gathered parameters, its gradients in the "
                              "reduce dtype), the next unit gathered ahead, the root unit's gradients",
-    "transient_recompute": "transient: one block's activations while recompute reruns it",
+    "transient_recompute": "transient: one block's activations (and autocast's weight copies) while recompute reruns it",
+    "transient_autocast_cache": "transient: autocast's cached weight copies through a forward of checkpointed blocks",
     "allocator": "the caching allocator's overhead (hardware compute.allocator_overhead)",
 }
 STATE_TERMS = ("params", "master", "optimizer", "grads")
+CHECKPOINTED_BLOCKS = ("full", "selective_op")  # modes that checkpoint whole blocks (models/gpt.py)
 # what autograd keeps for backward (activations_bytes): every activation term but the receive buffers
 ACTIVATION_TERMS = ("layer_activations", "head_activations", "autocast_copies", "stage_outputs", "logits",
                     "weight_pass_captures", "cp_mask")
-TRANSIENT_TERMS = ("transient_loss", "transient_fsdp", "transient_fsdp_reduce", "transient_recompute")
+TRANSIENT_TERMS = ("transient_loss", "transient_fsdp", "transient_fsdp_reduce", "transient_recompute",
+                   "transient_autocast_cache")
 
 
 @dataclass(slots=True)
@@ -121,11 +124,11 @@ def activations_at_most(lo, rank, mb: int, m: int, ckpt: str) -> float:
     """What autograd keeps for backward on a rank when it holds its most micro-batches (its loss phase):
     the activation terms (ACTIVATION_TERMS: the receive buffers are the pipeline's, not autograd's) and
     autocast's weight copies. `activations_bytes` and its per-rank list."""
-    return _autograd_bytes(lo, rank, m, rank_activation_terms(lo, rank, mb, m, ckpt))
+    return _autograd_bytes(lo, rank, m, ckpt, rank_activation_terms(lo, rank, mb, m, ckpt))
 
 
-def _autograd_bytes(lo, rank, m: int, terms: dict) -> float:
-    return sum(v for k, v in terms.items() if k in ACTIVATION_TERMS) + autocast_copies_bytes(lo, rank, m)
+def _autograd_bytes(lo, rank, m: int, ckpt: str, terms: dict) -> float:
+    return sum(v for k, v in terms.items() if k in ACTIVATION_TERMS) + autocast_copies_bytes(lo, rank, m, ckpt)
 
 
 def weight_pass_capture_bytes(lo, rank, mb: int) -> float:
@@ -211,6 +214,8 @@ def transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
         candidates["transient_fsdp"] = 3 * lo.fsdp_block_bytes  # this unit's and the prefetched unit's params + its grads
     if recompute := recompute_block_bytes(lo, mb, ckpt):
         candidates["transient_recompute"] = recompute
+        if cache := autocast_cache_bytes(lo, rank.layers):  # the forward's casts, gone before any recompute
+            candidates["transient_autocast_cache"] = cache
     if not candidates:
         return {}
     key = max(candidates, key=candidates.get)
@@ -219,12 +224,12 @@ def transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
 
 def recompute_block_bytes(lo, mb: int, ckpt: str) -> float:
     """What one block's recompute materialises beyond what it kept: all of `none`'s activations under full
-    recompute, what selective_op did not keep under it; 0 otherwise."""
+    recompute, what selective_op did not keep under it, and autocast's copies of its weights; 0 otherwise."""
     pt = lo.per_token
     if ckpt == "full":
-        return pt.layer_activation_bytes["none"] * mb
+        return pt.layer_activation_bytes["none"] * mb + autocast_cache_bytes(lo, 1)
     if ckpt == "selective_op":
-        return (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb
+        return (pt.layer_activation_bytes["none"] - pt.layer_activation_bytes[ckpt]) * mb + autocast_cache_bytes(lo, 1)
     return 0.0
 
 
@@ -248,7 +253,7 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     worst, worst_total, worst_acts, most = None, -1.0, {}, 0.0
     for rank in lo.ranks:
         acts = rank_activation_terms(lo, rank, mb, m, ckpt)
-        most = max(most, _autograd_bytes(lo, rank, m, acts))
+        most = max(most, _autograd_bytes(lo, rank, m, ckpt, acts))
         if (total := rank.model_states_bytes + sum(acts.values())) > worst_total:
             worst, worst_total, worst_acts = rank, total, acts
     st = lo.strategy
@@ -260,27 +265,41 @@ def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
     live = grads_live_at_loss(lo, worst, m)
     loss = {"grads": grads_at_loss_bytes(lo, worst, m) if live else 0.0,
             "fsdp_held": fsdp_held_bytes(lo, worst, m, live), **worst_acts,
-            "autocast_copies": autocast_copies_bytes(lo, worst, m), **transient_terms(lo, worst, mb, ckpt)}
+            "autocast_copies": autocast_copies_bytes(lo, worst, m, ckpt), **transient_terms(lo, worst, mb, ckpt)}
     # the end of a backward: a pipeline rank still holds its other micro-batches in flight
     end = {"grads": worst.grads_bytes, "fsdp_held": fsdp_held_bytes(lo, worst, m, True),
            **rank_activation_terms(lo, worst, mb, m, ckpt, rest=True),
-           "autocast_copies": autocast_copies_bytes(lo, worst, m, rest=True),
+           "autocast_copies": autocast_copies_bytes(lo, worst, m, ckpt, rest=True),
            **backward_end_transient_terms(lo, worst, mb, ckpt)}
     phase, parts = ("end of backward", end) if sum(end.values()) > sum(loss.values()) else ("loss", loss)
     return MemoryPeak(worst, phase, peak_terms({**states, **parts}, lo.hw.allocator_overhead), most)
 
 
-def autocast_copies_bytes(lo, rank, m: int, rest: bool = False) -> float:
+def autocast_copies_bytes(lo, rank, m: int, ckpt: str, rest: bool = False) -> float:
     """autocast's 2-byte copy of every matmul weight, saved for backward by the matmul that used it: one
     set per micro-batch in flight (tests/test_memory_peak.py counts them on one block; a dry run of a
-    pipeline stage holds one set per micro-batch in flight). None where the engine casts the params."""
+    pipeline stage holds one set per micro-batch in flight). None where the engine casts the params.
+    Checkpointed blocks (full, selective_op) save none: their copies live in autocast's cache through a
+    forward only (autocast_cache_bytes) and come back one block at a time in its recompute; the head is
+    never checkpointed."""
     if not lo.strategy.autocast or lo.precision == "fp32":
         return 0.0
     md, pl = lo.model, lo.place
-    weights = rank.layers * params.local_block_numel(md.shape, pl.tp, pl.ep)
+    weights = 0.0 if ckpt in CHECKPOINTED_BLOCKS else rank.layers * params.local_block_numel(md.shape, pl.tp, pl.ep)
     if rank.last and not md.shape[12]:  # an untied head's weight (a tied one is the embedding's, not cast)
         weights += md.V * md.h / pl.tp
     return 2 * weights * ((act.in_flight(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank) if pl.pp > 1 else 1.0) - rest)
+
+
+def autocast_cache_bytes(lo, blocks: int) -> float:
+    """What autocast's cache holds of `blocks` checkpointed blocks: torch caches the cast of every weight
+    (a leaf that needs grad) until its outermost autocast region ends, a stage's forward (harness/strategies/
+    pipeline_timeline.py) or the model's forward and loss (base.forward_loss). A checkpointed forward saves
+    none of them, so they are a transient of the forward; a block's recompute casts its own again and keeps
+    them to its backward. 0 where nothing is checkpointed or autocast casts nothing."""
+    if not lo.strategy.autocast or lo.precision == "fp32":
+        return 0.0
+    return 2 * blocks * params.local_block_numel(lo.model.shape, lo.place.tp, lo.place.ep)
 
 
 def grads_at_loss_bytes(lo, rank, m: int) -> float:

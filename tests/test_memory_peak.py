@@ -162,12 +162,12 @@ def test_checkpointed_blocks_keep_no_autocast_weight_copies_between_microbatches
     assert held == (0 if ckpt in ("full", "selective_op") else 3 * one_set), held
     # the cost model's: copies per micro-batch in flight, and the forward's cache (a block's norm weights,
     # which autocast does not cast, are 0.3 % of its parameters)
-    from harness.costmodel.inputs import Hardware, Model, Strategy
+    from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
     from harness.costmodel.layout import layout
     from harness.costmodel.memory_peak import CHECKPOINTED_BLOCKS, autocast_cache_bytes, autocast_copies_bytes
 
     one = compose_run(["model=llama_tiny", "model.n_layers=2", "model.tie_embeddings=true"])
-    lo = layout(Model.of(one.model), Hardware.of(one.hardware), Strategy.of(one.strategy), 1, 1, 1, 1, 1, "bf16-mixed")
+    lo = layout(Model.of(one.model), Hardware.of(one.hardware), StrategyKnobs.of(one.strategy), 1, 1, 1, 1, 1, "bf16-mixed")
     assert autocast_copies_bytes(lo, lo.ranks[0], 1, ckpt) == pytest.approx(held / 3, rel=0.01)
     if ckpt in CHECKPOINTED_BLOCKS:
         assert autocast_cache_bytes(lo, 2) == pytest.approx(one_set, rel=0.01)

@@ -10,7 +10,7 @@ Strategies (the rows of STRATEGIES):
                    replicated     every dp rank holds everything (DDP; tp/pp/ep hold their shards)
                    zero1_torch    ZeroRedundancyOptimizer: whole params/grads, optimizer state by rank
                    sharded        FSDP2: params, grads, optimizer state split on dim 0 over dp
-                   by_dp_shard    the strategy's `dp_shard` knob decides (DP_SHARD)
+                   by_data_parallel    the strategy's `data_parallel` knob decides (DATA_PARALLEL)
     Engine deepspeed holds its own way whatever the name (state_sharding "deepspeed", its ZeRO stage).
 
 Pipeline schedules (the rows of SCHEDULES), as torch.distributed.pipelining runs them:
@@ -72,25 +72,25 @@ STRATEGIES = {s.name: s for s in (
     StrategyRow("fsdp", ("dp",), "harness.strategies.fsdp", "sharded"),
     StrategyRow("tp", ("tp",), "harness.strategies.tp", "replicated"),
     StrategyRow("pp", ("pp",), "harness.strategies.pp", "replicated"),
-    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "harness.strategies.multi_axis", "by_dp_shard"),
+    StrategyRow("3d", ("dp", "tp", "pp", "cp", "ep"), "harness.strategies.multi_axis", "by_data_parallel"),
     StrategyRow("ep", ("dp", "ep"), "harness.strategies.ep", "replicated"),
 )}
 # launcher=<name>: the module that runs it (its execute(), and preflight() where it has one)
 LAUNCHERS = {"local": "launch.local", "slurm": "launch.slurm", "dryrun": "launch.dryrun"}
-# 3d's strategy.dp_shard: how the data axis holds the model states (and the zero stage it amounts to)
+# 3d's strategy.data_parallel: how the data axis holds the model states (and the zero stage it amounts to)
 # (zero1: the distributed optimizer, harness/strategies/distributed_optimizer.py)
-DP_SHARD = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distributed", 1)}
+DATA_PARALLEL = {"fsdp": ("sharded", 3), "ddp": ("replicated", 0), "zero1": ("distributed", 1)}
 # zero1's strategy.zero1_impl: ZeroRedundancyOptimizer, or the distributed optimizer (state_sharding "distributed")
 ZERO1_IMPL = {"torch_zero": "zero1_torch", "distributed": "distributed"}
-DEFAULT_DP_SHARD = "fsdp"
-MOE_DP_SHARD = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe_stages.py)
+DEFAULT_DATA_PARALLEL = "fsdp"
+MOE_DATA_PARALLEL = "ddp"  # 3d with MoE blocks: brigade's own dense / expert reductions (strategies/moe_stages.py)
 
 
-def dp_shard_runs(dp_shard: str, dp: int, tp: int, n_experts: int = 0) -> bool:
+def data_parallel_runs(data_parallel: str, dp: int, tp: int, n_experts: int = 0) -> bool:
     """Whether 3d's data axis can hold this layout on engine torch. torch's DistributedDataParallel
     buckets plain tensors and cannot reduce tensor-parallel DTensor gradients (docs/notes.md#ddp-dtensor),
-    so dp_shard=ddp needs dp or tp to be 1; MoE blocks reduce their own gradients (no DDP wrapper)."""
-    return not (dp_shard == "ddp" and dp > 1 and tp > 1 and not n_experts)
+    so data_parallel=ddp needs dp or tp to be 1; MoE blocks reduce their own gradients (no DDP wrapper)."""
+    return not (data_parallel == "ddp" and dp > 1 and tp > 1 and not n_experts)
 
 
 # What schema 1 configs said per strategy before this catalog held it: (axes, impl). Only run_id
@@ -108,7 +108,7 @@ def strategy(name: str) -> StrategyRow:
     return STRATEGIES[name]
 
 
-def state_sharding(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD,
+def state_sharding(name: str, engine: str, zero_stage: int, data_parallel: str = DEFAULT_DATA_PARALLEL,
                  zero1_impl: str = "torch_zero") -> str:
     """How a strategy config holds its model states: replicated | zero1_torch | distributed | sharded |
     deepspeed (the row's state_sharding, resolved by the engine and the strategy's knobs)."""
@@ -117,14 +117,14 @@ def state_sharding(name: str, engine: str, zero_stage: int, dp_shard: str = DEFA
     sharding = strategy(name).state_sharding
     if sharding == "zero1_torch":
         return ZERO1_IMPL[zero1_impl]
-    return DP_SHARD[dp_shard][0] if sharding == "by_dp_shard" else sharding
+    return DATA_PARALLEL[data_parallel][0] if sharding == "by_data_parallel" else sharding
 
 
-def zero_stage(name: str, engine: str, zero_stage: int, dp_shard: str = DEFAULT_DP_SHARD) -> int:
+def zero_stage(name: str, engine: str, zero_stage: int, data_parallel: str = DEFAULT_DATA_PARALLEL) -> int:
     """What is sharded over dp, as a ZeRO stage (0 nothing, 1 optimizer, 2 + grads, 3 + params)."""
     row = STRATEGIES.get(name)  # records of unknown or unnamed strategies (invalid configs) keep their stage
-    if engine != "deepspeed" and row is not None and row.state_sharding == "by_dp_shard":
-        return DP_SHARD[dp_shard][1]
+    if engine != "deepspeed" and row is not None and row.state_sharding == "by_data_parallel":
+        return DATA_PARALLEL[data_parallel][1]
     return zero_stage
 
 
@@ -144,7 +144,7 @@ def strategy_for(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, di
     dp only: ZeRO 0-3 = ddp / zero1 / zero2 / zero3 (single on one device); tp only: tp; pp only: pp;
     ep (with dp): ep; mixed axes: 3d, whose dp axis is DDP (ZeRO 0), the distributed optimizer
     (ZeRO 1) or FSDP2 (ZeRO 3, or ZeRO 2 with reshard_after_forward=false). DDP with dp and tp both
-    over 1 is a layout torch cannot run (dp_shard_runs), but it is what Megatron-LM's published rows
+    over 1 is a layout torch cannot run (data_parallel_runs), but it is what Megatron-LM's published rows
     ran, so it is returned for the cost model; the planner drops it."""
     if ep > 1:
         return ("ep", {}) if tp == 1 and pp == 1 and zero == 0 else None
@@ -155,11 +155,11 @@ def strategy_for(dp: int, tp: int, pp: int, ep: int, zero: int) -> tuple[str, di
     if dp == 1 and zero == 0 and (tp == 1 or pp == 1):
         return ("tp", {}) if pp == 1 else ("pp", {})
     if zero == 0:
-        return "3d", {"dp_shard": "ddp"}
+        return "3d", {"data_parallel": "ddp"}
     if zero == 1:
-        return "3d", {"dp_shard": "zero1"}
+        return "3d", {"data_parallel": "zero1"}
     if zero in (2, 3):
-        return "3d", {"dp_shard": "fsdp", "reshard_after_forward": zero == 3}
+        return "3d", {"data_parallel": "fsdp", "reshard_after_forward": zero == 3}
     return None
 
 

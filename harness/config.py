@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from harness.catalog import DEFAULT_DP_SHARD, DEFAULT_SCHEDULE, LAUNCHERS
+from harness.catalog import DEFAULT_DATA_PARALLEL, DEFAULT_SCHEDULE, LAUNCHERS
 from harness.dims import ConfigError, world_size
 
 # Imports inside functions: Hydra (only the parent composes configs).
@@ -91,7 +91,8 @@ class StrategyConfig:
     # FSDP / 3D data axis
     reshard_after_forward: bool = True
     fsdp_accumulate: str = "unsharded"  # FSDP across micro-batches: unsharded (gathered until the step) | sharded
-    dp_shard: str = DEFAULT_DP_SHARD  # 3d: how the dp axis holds the model states: a key of catalog.DP_SHARD
+    data_parallel: str = DEFAULT_DATA_PARALLEL  # 3d: how the dp axis holds the model states: a key of catalog.DATA_PARALLEL
+    dp_shard: Optional[str] = None  # the old name of data_parallel, read as it (RENAMED)
     # Tensor parallel
     sequence_parallel: bool = False
     loss_parallel: bool = True
@@ -275,11 +276,41 @@ def compose_run(overrides: list[str]) -> "RunConfig":
 
 
 def to_run_config(cfg: Any) -> RunConfig:
-    """DictConfig (from Hydra or a frozen YAML) -> RunConfig dataclass, validated by OmegaConf types."""
+    """DictConfig (from Hydra or a frozen YAML) -> RunConfig dataclass, validated by OmegaConf types; a key
+    under its old name (RENAMED) is read as the new one."""
     if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is RunConfig:
-        return OmegaConf.to_object(cfg)  # Hydra's composition: already merged into (and checked by) the schema
-    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        run = OmegaConf.to_object(cfg)  # Hydra's composition: already merged into (and checked by) the schema
+    else:
+        run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+    return _read_renamed(run)  # type: ignore[arg-type]
+
+
+# Config keys renamed, old -> new. A config, override or record that gives the old key is read as the new
+# one (to_run_config, renamed); run_id hashes the new key under its old name, so run_ids stay.
+RENAMED = {"strategy.dp_shard": "strategy.data_parallel"}
+
+
+def _read_renamed(run: RunConfig) -> RunConfig:
+    s = run.strategy
+    if s.dp_shard is not None:
+        if s.data_parallel not in (DEFAULT_DATA_PARALLEL, s.dp_shard):
+            raise ConfigError(f"strategy.dp_shard={s.dp_shard} and strategy.data_parallel={s.data_parallel}: "
+                              f"dp_shard is the old name of data_parallel; give strategy.data_parallel only")
+        s.data_parallel, s.dp_shard = s.dp_shard, None
+    return run
+
+
+def renamed(flat: dict) -> dict:
+    """A flattened config (or record's config) with each old key read as its new one; an old key left
+    unset is dropped."""
+    out: dict = {}
+    for k, v in flat.items():  # in place: the config's order is what labels show
+        if k in RENAMED:
+            if v is not None:
+                out[RENAMED[k]] = v
+        elif not (k in RENAMED.values() and k in out):
+            out[k] = v
+    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

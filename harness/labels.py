@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import math
 
-from harness.config import NON_SEMANTIC_KEYS, flatten
+from harness.config import NON_SEMANTIC_KEYS, flatten, renamed
 from harness.dims import DEGREES, degrees
 
 # Shown in the base label (strategy, engine, degrees, schedule), never again as an extra.
@@ -26,7 +26,8 @@ NOT_WHAT_RUNS = ("hardware.source.",)
 SHORT = {"workload.activation_checkpointing": "ac", "workload.global_batch_size": "batch",
          "workload.micro_batch_size": "mbs", "workload.num_microbatches": "m", "workload.precision": "",
          "model.name": "", "hardware.name": "", "series": "", "strategy.sequence_parallel": "sp",
-         "strategy.loss_parallel": "loss_parallel", "strategy.comm_hook": "hook", "strategy.dp_shard": "dp_shard"}
+         "strategy.loss_parallel": "loss_parallel", "strategy.comm_hook": "hook", "strategy.data_parallel": "data_parallel",
+         "strategy.dp_shard": "data_parallel"}
 # How long a run is measured, not what it is: left out of a run's own label (its run dir, W&B name).
 MEASUREMENT_LENGTH = ("workload.warmup_steps", "workload.steps", "workload.profile_steps", "launcher.timeout_s")
 # A group's other keys differ whenever its option differs (model=small vs tiny): named by the option.
@@ -69,9 +70,9 @@ def _extra(key: str, value) -> str:
 def differing_keys(records: list[dict]) -> dict[str, set | None]:
     """Config keys whose values are not the same in every record (in config order), each with the
     group options it differs within. A group's inner keys count only between runs of the same option
-    (model.n_layers between two `small` runs; strategy.dp_shard between two 3d runs, so a tp run
+    (model.n_layers between two `small` runs; strategy.data_parallel between two 3d runs, so a tp run
     beside them is not labelled with a knob it never reads); None for a key outside any group."""
-    flats = [flatten(r.get("config") or {}) for r in records]
+    flats = [renamed(flatten(r.get("config") or {})) for r in records]
     keys = list(dict.fromkeys(k for f in flats for k in f))
     out: dict[str, set | None] = {}
     for k in keys:
@@ -94,7 +95,7 @@ def labels(records: list[dict]) -> list[str]:
     keys = differing_keys(records)
     out = []
     for r in records:
-        flat = flatten(r.get("config") or {})
+        flat = renamed(flatten(r.get("config") or {}))
         extras = [_extra(k, flat[k]) for k, within in keys.items() if flat.get(k) not in (None, "")
                   and (within is None or flat.get(GROUP_OPTION[k.split(".")[0]]) in within)]
         out.append(" ".join([base_label(r)] + extras))

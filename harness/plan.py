@@ -135,7 +135,7 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                 for zero in ZERO_STAGES[:1] if dp == 1 else ZERO_STAGES:  # nothing to shard over one rank
                     strat = catalog.strategy_for(dp, tp, pp, ep, zero)
                     if strat is None or strat[0] not in have or \
-                            not catalog.dp_shard_runs(strat[1].get("dp_shard", ""), dp, tp, E):
+                            not catalog.data_parallel_runs(strat[1].get("data_parallel", ""), dp, tp, E):
                         continue
                     for knobs in (v for sp in with_sequence_parallel(strat[1], tp, m_cfg)
                                   for v in with_low_precision_params(sp, precision)):

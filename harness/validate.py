@@ -322,7 +322,7 @@ def _validate_selective_op(run, dims) -> None:
 
 # -- validate layouts ------------------------------------------------------------------------------
 # Refusals for the large runs' layouts: HSDP (dp_replicate), context parallel (cp), the distributed
-# optimizer (dp_shard=zero1, zero1_impl) and FSDP's accumulation modes. Pure (no torch); each message
+# optimizer (data_parallel=zero1, zero1_impl) and FSDP's accumulation modes. Pure (no torch); each message
 # shows the arithmetic or names the field that makes the config meaningless.
 
 ZERO1_IMPLS = ("torch_zero", "distributed")
@@ -331,27 +331,27 @@ FSDP_ACCUMULATE = ("unsharded", "sharded")
 
 def runs_fsdp(s) -> bool:
     """Whether this strategy config shards with FSDP2 (the only one HSDP and fsdp_accumulate apply to)."""
-    return catalog.state_sharding(s.name, s.engine, s.zero_stage, s.dp_shard) == "sharded"
+    return catalog.state_sharding(s.name, s.engine, s.zero_stage, s.data_parallel) == "sharded"
 
 
-def reads_dp_shard(s) -> bool:
-    return s.engine == "torch" and catalog.strategy(s.name).state_sharding == "by_dp_shard"
+def reads_data_parallel(s) -> bool:
+    return s.engine == "torch" and catalog.strategy(s.name).state_sharding == "by_data_parallel"
 
 
 def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
     s, m = run.strategy, run.model
-    if s.dp_shard not in catalog.DP_SHARD:
-        raise ConfigError(f"unknown dp_shard '{s.dp_shard}'; available: {', '.join(catalog.DP_SHARD)}")
-    if s.dp_shard != catalog.DEFAULT_DP_SHARD and not reads_dp_shard(s):
-        raise ConfigError(f"strategy.dp_shard={s.dp_shard} means nothing for strategy {s.name}: only 3d reads it "
+    if s.data_parallel not in catalog.DATA_PARALLEL:
+        raise ConfigError(f"unknown data_parallel '{s.data_parallel}'; available: {', '.join(catalog.DATA_PARALLEL)}")
+    if s.data_parallel != catalog.DEFAULT_DATA_PARALLEL and not reads_data_parallel(s):
+        raise ConfigError(f"strategy.data_parallel={s.data_parallel} means nothing for strategy {s.name}: only 3d reads it "
                           f"(plain zero1 takes strategy.zero1_impl=distributed instead)")
     if s.zero1_impl not in ZERO1_IMPLS:
         raise ConfigError(f"unknown zero1_impl '{s.zero1_impl}'; available: {', '.join(ZERO1_IMPLS)}")
     if s.zero1_impl != "torch_zero" and not (s.engine == "torch" and catalog.strategy(s.name).state_sharding == "zero1_torch"):
         raise ConfigError(f"strategy.zero1_impl={s.zero1_impl} means nothing for strategy {s.name} "
                           f"(engine {s.engine}): it chooses zero1's optimizer on engine torch; in 3d use "
-                          f"strategy.dp_shard=zero1")
-    distributed = catalog.state_sharding(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "distributed"
+                          f"strategy.data_parallel=zero1")
+    distributed = catalog.state_sharding(s.name, s.engine, s.zero_stage, s.data_parallel, s.zero1_impl) == "distributed"
     if distributed and s.comm_hook != "none":
         raise ConfigError(f"comm_hook {s.comm_hook} compresses DDP's all-reduce; the distributed optimizer "
                           f"reduce-scatters its own flat buffer: use comm_hook=none")
@@ -368,23 +368,23 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
         raise ConfigError(f"unknown fsdp_accumulate '{s.fsdp_accumulate}'; available: {', '.join(FSDP_ACCUMULATE)}")
     if s.fsdp_accumulate != "unsharded" and not runs_fsdp(s):
         raise ConfigError(f"strategy.fsdp_accumulate={s.fsdp_accumulate} applies to FSDP2 only (fsdp, zero2, "
-                          f"zero3 and 3d with dp_shard=fsdp, engine torch); strategy {s.name} "
-                          f"(engine {s.engine}, dp_shard {s.dp_shard}) does not shard with FSDP")
-    if torch_runs and reads_dp_shard(s) and not catalog.dp_shard_runs(s.dp_shard, dims.dp * dims.cp, dims.tp, m.n_experts):
-        raise ConfigError(f"3d with dp_shard={s.dp_shard} at dp {dims.dp} x cp {dims.cp} x tp {dims.tp}: torch's "
+                          f"zero3 and 3d with data_parallel=fsdp, engine torch); strategy {s.name} "
+                          f"(engine {s.engine}, data_parallel {s.data_parallel}) does not shard with FSDP")
+    if torch_runs and reads_data_parallel(s) and not catalog.data_parallel_runs(s.data_parallel, dims.dp * dims.cp, dims.tp, m.n_experts):
+        raise ConfigError(f"3d with data_parallel={s.data_parallel} at dp {dims.dp} x cp {dims.cp} x tp {dims.tp}: torch's "
                           f"DistributedDataParallel cannot reduce tensor-parallel (DTensor) gradients; use "
-                          f"strategy.dp_shard=zero1 (the distributed optimizer, as Megatron-LM runs dp with tp) "
-                          f"or strategy.dp_shard=fsdp")
-    if m.n_experts and reads_dp_shard(s) and dims.dp > 1 and s.dp_shard != catalog.MOE_DP_SHARD:
+                          f"strategy.data_parallel=zero1 (the distributed optimizer, as Megatron-LM runs dp with tp) "
+                          f"or strategy.data_parallel=fsdp")
+    if m.n_experts and reads_data_parallel(s) and dims.dp > 1 and s.data_parallel != catalog.MOE_DATA_PARALLEL:
         raise ConfigError(f"MoE in 3d (model {m.name}: n_experts {m.n_experts}) reduces dense grads over dp and "
-                          f"expert grads over dp/ep replicas itself, as strategy=ep does; dp_shard={s.dp_shard} "
+                          f"expert grads over dp/ep replicas itself, as strategy=ep does; data_parallel={s.data_parallel} "
                           f"(FSDP or the distributed optimizer over experts) is not implemented: use "
-                          f"strategy.dp_shard=ddp")
+                          f"strategy.data_parallel=ddp")
     if dims.dp_replicate > 1:
         if not runs_fsdp(s):
             raise ConfigError(f"dp_replicate {dims.dp_replicate} (HSDP) needs FSDP2: strategy fsdp, zero2 or zero3 on "
-                              f"engine torch, or 3d with dp_shard=fsdp; got {s.name} (engine {s.engine}, "
-                              f"dp_shard {s.dp_shard})")
+                              f"engine torch, or 3d with data_parallel=fsdp; got {s.name} (engine {s.engine}, "
+                              f"data_parallel {s.data_parallel})")
     if dims.cp > 1:
         if m.seq_len % (2 * dims.cp):
             raise ConfigError(f"seq_len {m.seq_len} not divisible by 2 x cp = {2 * dims.cp}: the sequence is cut "
@@ -404,18 +404,18 @@ def validate_layouts(run, dims: ParallelDims, torch_runs: bool = True) -> None:
 def _validate_low_precision_params(s, precision: str, distributed: bool, torch_runs: bool) -> None:
     """bf16 parameters with fp32 main params and grads in the optimizer (Megatron-LM's --bf16): run with the
     distributed optimizer; with DDP (Megatron-LM's Float16OptimizerWithFloat16Params) priced, not run."""
-    replicated = catalog.state_sharding(s.name, s.engine, s.zero_stage, s.dp_shard, s.zero1_impl) == "replicated"
+    replicated = catalog.state_sharding(s.name, s.engine, s.zero_stage, s.data_parallel, s.zero1_impl) == "replicated"
     if precision != "bf16-mixed" or not (distributed or (replicated and s.engine == "torch")):
         raise ConfigError(f"strategy.low_precision_params holds the parameters in bf16 with fp32 main params and "
                           f"gradients in the optimizer: it needs workload.precision=bf16-mixed and the distributed "
-                          f"optimizer (strategy=zero1 with zero1_impl=distributed, or 3d with dp_shard=zero1), or, "
-                          f"priced by the cost model only, DDP (ddp, tp, pp, 3d with dp_shard=ddp) (got strategy "
+                          f"optimizer (strategy=zero1 with zero1_impl=distributed, or 3d with data_parallel=zero1), or, "
+                          f"priced by the cost model only, DDP (ddp, tp, pp, 3d with data_parallel=ddp) (got strategy "
                           f"{s.name}, engine {s.engine}, precision {precision})")
     if replicated and torch_runs:
         raise ConfigError("strategy.low_precision_params with DDP (Megatron-LM's bf16 module with an fp32 copy of every "
                           "parameter and gradient in its optimizer) is priced by the cost model (docs/published.md), "
                           "not run: brigade runs bf16 parameters with the distributed optimizer (strategy=zero1 "
-                          "strategy.zero1_impl=distributed, or 3d strategy.dp_shard=zero1)")
+                          "strategy.zero1_impl=distributed, or 3d strategy.data_parallel=zero1)")
 
 
 def _validate_megatron_overlaps(s, dims: ParallelDims, distributed: bool, torch_runs: bool) -> None:
@@ -427,7 +427,7 @@ def _validate_megatron_overlaps(s, dims: ParallelDims, distributed: bool, torch_
     for knob in ("overlap_grad_reduce", "overlap_param_gather"):
         if getattr(s, knob) and not distributed:
             raise ConfigError(f"strategy.{knob} overlaps the distributed optimizer's collectives: it needs "
-                              f"strategy=zero1 with zero1_impl=distributed or 3d with dp_shard=zero1")
+                              f"strategy=zero1 with zero1_impl=distributed or 3d with data_parallel=zero1")
     on = [k for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather") if getattr(s, k)]
     if torch_runs and on:
         raise ConfigError(f"strategy.{', strategy.'.join(on)}: Megatron-Core's overlaps, which the cost model prices "

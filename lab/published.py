@@ -98,7 +98,7 @@ def strategy_overrides(row: dict) -> list[str]:
         out.append("strategy.comm_hook=bf16")
     if "fsdp_accumulate" in row:
         out.append(f"strategy.fsdp_accumulate={row['fsdp_accumulate']}")
-    if "zero1_impl" in row and catalog.strategy(name).state_sharding == "zero1_torch":  # 3d's dp_shard=zero1 is it already
+    if "zero1_impl" in row and catalog.strategy(name).state_sharding == "zero1_torch":  # 3d's data_parallel=zero1 is it already
         out.append(f"strategy.zero1_impl={row['zero1_impl']}")
     if row.get("low_precision_params") and row.get("engine", "torch") == "torch":  # Megatron-LM's --bf16 (lab/published_runs.yaml)
         out.append("strategy.low_precision_params=true")

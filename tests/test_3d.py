@@ -49,7 +49,7 @@ def expected_3d_bytes(model_cfg: dict, stages: list[int], num_stages: int, dp: i
 def test_3d_2x2x2_fsdp_matches_single(device, tmp_path, single_reference):
     ref = single_reference(*device_overrides(device))
     rec = run([*device_overrides(device), "strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2",
-               "strategy.dp_shard=fsdp", "strategy.schedule=1f1b", "launcher.timeout_s=400"], tmp_path)
+               "strategy.data_parallel=fsdp", "strategy.schedule=1f1b", "launcher.timeout_s=400"], tmp_path)
     assert rec["status"] == "ok", rec["error"]
     # dp=2: each replica takes 4 of the 8 sequences as 2 micro-batches of 2
     assert rec["measured"]["num_microbatches"] == 2
@@ -69,7 +69,7 @@ def test_3d_2x2x2_fsdp_matches_single(device, tmp_path, single_reference):
 def test_2d_dp2_ddp_x_pp2_interleaved_matches_single(device, tmp_path, single_reference):
     ref = single_reference(*device_overrides(device))
     rec = run([*device_overrides(device), "strategy=3d", "parallel.dp=2", "parallel.pp=2", "parallel.vpp=2",
-               "strategy.dp_shard=ddp", "strategy.schedule=interleaved_1f1b"], tmp_path)
+               "strategy.data_parallel=ddp", "strategy.schedule=interleaved_1f1b"], tmp_path)
     assert rec["status"] == "ok", rec["error"]
     assert rec["measured"]["num_microbatches"] == 2  # 8 sequences / (dp 2 * micro 2)
     assert_losses_match(rec["measured"]["losses"], ref["measured"]["losses"])

@@ -173,7 +173,7 @@ def _strategy(name, **kw):
 
 
 STAGES = [_strategy("ddp"), _strategy("zero1"), _strategy("zero2"), _strategy("zero3")]
-THREE_D = _strategy("3d", dp_shard="ddp", schedule="1f1b")
+THREE_D = _strategy("3d", data_parallel="ddp", schedule="1f1b")
 DS_STAGES = [_strategy("ddp", engine="deepspeed", zero_stage=z) for z in range(4)]
 models = hs.builds(lambda L, heads, hd, V, s: Model.of(SimpleNamespace(
     name="m", n_layers=L, d_model=heads * hd, n_heads=heads, d_ff=4 * heads * hd, vocab_size=V, seq_len=s,

@@ -315,7 +315,7 @@ def test_megatron_lms_bf16_module_under_ddp_is_priced_with_its_bytes():
 
     def pred(*extra):
         r = compose_run(["hardware=a100_80g", "model=gpt_1_3b", "strategy=3d", "parallel.dp=2", "parallel.tp=2",
-                         "parallel.pp=2", "strategy.dp_shard=ddp", "workload.precision=bf16-mixed",
+                         "parallel.pp=2", "strategy.data_parallel=ddp", "workload.precision=bf16-mixed",
                          "workload.global_batch_size=16", "workload.micro_batch_size=1", "logger=none", *extra])
         return predict(r, validate(r, torch_runs=False))
 

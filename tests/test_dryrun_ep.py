@@ -29,8 +29,8 @@ LAYOUTS = {
     "ep top_k 3": ["strategy=ep", "parallel.dp=2", "parallel.ep=2", "model.top_k=3", "model.capacity_factor=0.75"],
     "ep dp4 capacity recompute": ["strategy=ep", "parallel.dp=4", "parallel.ep=2", "model.capacity_factor=0.5",
                                   "workload.activation_checkpointing=full"],
-    "3d ep pp": ["strategy=3d", "parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "strategy.dp_shard=ddp"],
-    "3d ep tp": ["strategy=3d", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2", "strategy.dp_shard=ddp"],
+    "3d ep pp": ["strategy=3d", "parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "strategy.data_parallel=ddp"],
+    "3d ep tp": ["strategy=3d", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2", "strategy.data_parallel=ddp"],
 }
 
 

@@ -100,7 +100,7 @@ def test_distributed_optimizer_plain_and_in_3d(results, single_reference):
     full = single_reference()["measured"]
     n = full["params_bytes"] // 4  # even halves of AdamW's moments, one step tensor; the fp32 slice as master
     assert m["optimizer_bytes_per_rank"] == [8 * n // 2 + 4] * 2 and m["master_bytes_per_rank"] == [4 * n // 2] * 2
-    rec = run(["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.dp_shard=zero1",
+    rec = run(["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.data_parallel=zero1",
                *PROFILED], results)
     check(rec, single_reference())
 
@@ -113,9 +113,9 @@ def test_distributed_optimizer_with_low_precision_params(results, single_referen
     fp32 = single_reference()["measured"]
     n = fp32["params_bytes"] // 4
     for layout in (["strategy=zero1", "strategy.zero1_impl=distributed"],
-                   ["strategy=3d", "parallel.tp=2", "strategy.dp_shard=zero1", "strategy.sequence_parallel=true"],
+                   ["strategy=3d", "parallel.tp=2", "strategy.data_parallel=zero1", "strategy.sequence_parallel=true"],
                    ["strategy=3d", "parallel.pp=2", "parallel.vpp=2", "strategy.schedule=zbv_zero_bubble",
-                    "strategy.dp_shard=zero1"]):
+                    "strategy.data_parallel=zero1"]):
         rec = run([*layout, "parallel.dp=2", "workload.precision=bf16-mixed", "strategy.low_precision_params=true",
                    *PROFILED], results)
         assert rec["status"] == "ok", rec["error"]
@@ -148,6 +148,6 @@ def test_fsdp_sharded_accumulation_reduce_scatters_every_microbatch(results, sin
 
 def test_moe_inside_3d_world_8(results, single_reference):
     rec = run(["model=moe_tiny", "strategy=3d", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2", "parallel.pp=2",
-               "strategy.dp_shard=ddp", *PROFILED], results)
+               "strategy.data_parallel=ddp", *PROFILED], results)
     check(rec, single_reference("model=moe_tiny"), comm_axes=("dp", "tp", "pp"))
     assert rec["measured"]["comm_ep_bytes"] > 0

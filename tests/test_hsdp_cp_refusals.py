@@ -26,18 +26,18 @@ def test_refusals_show_the_arithmetic(tmp_path):
     assert "context parallel with MoE" in refusal(tmp_path, "strategy=3d", "parallel.cp=2", "model=moe_tiny")
     assert "ep 2 with dp_replicate 1 / cp 2" in refusal(tmp_path, "strategy=3d", "model=moe_tiny", "parallel.dp=2",
                                                          "parallel.ep=2", "parallel.cp=2")
-    assert "dp_shard=zero1 means nothing for strategy fsdp" in refusal(tmp_path, "strategy=fsdp", "parallel.dp=2",
-                                                                      "strategy.dp_shard=zero1")
+    assert "data_parallel=zero1 means nothing for strategy fsdp" in refusal(tmp_path, "strategy=fsdp", "parallel.dp=2",
+                                                                      "strategy.data_parallel=zero1")
     assert "zero1_impl=distributed means nothing for strategy ddp" in refusal(
         tmp_path, "strategy=ddp", "parallel.dp=2", "strategy.zero1_impl=distributed")
     assert "fsdp_accumulate=sharded applies to FSDP2 only" in refusal(
         tmp_path, "strategy=ddp", "parallel.dp=2", "strategy.fsdp_accumulate=sharded")
-    assert "dp_shard=fsdp" in refusal(tmp_path, "strategy=3d", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2")
+    assert "data_parallel=fsdp" in refusal(tmp_path, "strategy=3d", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2")
     assert "dp(2) * tp(2) * pp(2) = 8 != world size 4" in refusal(
         tmp_path, "strategy=3d", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2",
-        "parallel.pp=2", "strategy.dp_shard=ddp", "launcher.nproc_per_node=4")
+        "parallel.pp=2", "strategy.data_parallel=ddp", "launcher.nproc_per_node=4")
     assert "cannot reduce tensor-parallel (DTensor) gradients" in refusal(
-        tmp_path, "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.dp_shard=ddp")
+        tmp_path, "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.data_parallel=ddp")
     assert "dp(1) * cp(2) * tp(2) * pp(1) = 4 != world size 2" in refusal(
         tmp_path, "strategy=3d", "parallel.cp=2", "parallel.tp=2", "launcher.nproc_per_node=2")
 
@@ -50,7 +50,7 @@ def test_megatron_overlap_knobs_are_priced_not_run(tmp_path):
         tmp_path, "strategy=3d", "parallel.tp=2", "strategy.tp_comm_overlap=true")
     assert "needs strategy=zero1 with zero1_impl=distributed" in refusal(
         tmp_path, "strategy=ddp", "parallel.dp=2", "strategy.overlap_grad_reduce=true")
-    msg = refusal(tmp_path, "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.dp_shard=zero1",
+    msg = refusal(tmp_path, "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.data_parallel=zero1",
                   "strategy.sequence_parallel=true", "strategy.tp_comm_overlap=true", "strategy.overlap_param_gather=true")
     assert "strategy.tp_comm_overlap, strategy.overlap_param_gather" in msg and "does not implement" in msg
     run = to_run_config(compose_config(["model=tiny", "strategy=zero1", "parallel.dp=2", "strategy.zero1_impl=distributed",
@@ -67,7 +67,7 @@ def test_low_precision_params_need_the_distributed_optimizer_under_bf16(tmp_path
                       ["strategy=ddp", "parallel.dp=2"]):  # fp32
         msg = refusal(tmp_path, *overrides, "strategy.low_precision_params=true")
         assert "needs workload.precision=bf16-mixed and the distributed optimizer" in msg and "got strategy" in msg
-    run = to_run_config(compose_config(["model=tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.dp_shard=zero1",
+    run = to_run_config(compose_config(["model=tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2", "strategy.data_parallel=zero1",
                                         "workload.precision=bf16-mixed", "strategy.low_precision_params=true"], tmp_path))
     assert validate(run).world_size == 4
     ddp = ["strategy=ddp", "parallel.dp=2", "workload.precision=bf16-mixed", "strategy.low_precision_params=true"]
@@ -78,7 +78,7 @@ def test_low_precision_params_need_the_distributed_optimizer_under_bf16(tmp_path
 
 def test_4d_and_cp_layouts_validate(tmp_path):
     for overrides in (["strategy=3d", "model=moe_tiny", "parallel.dp=2", "parallel.ep=2", "parallel.tp=2",
-                       "parallel.pp=2", "strategy.dp_shard=ddp"],
+                       "parallel.pp=2", "strategy.data_parallel=ddp"],
                       ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.tp=2"],
                       ["strategy=zero3", "parallel.dp=4", "parallel.dp_replicate=2", "strategy.fsdp_accumulate=sharded"]):
         dims = validate(to_run_config(compose_config(["model=tiny", *overrides], tmp_path)))

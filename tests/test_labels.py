@@ -39,13 +39,13 @@ def test_a_group_option_names_its_inner_keys(tmp_path):
 
 
 def test_a_strategy_knob_labels_only_the_runs_of_the_strategy_it_differs_in(tmp_path):
-    """plan --run-top ran 3d layouts that differ in dp_shard beside a tp run: the tp run was labelled
-    `tp tp4 ... dp_shard=fsdp`, a knob tp never reads."""
+    """plan --run-top ran 3d layouts that differ in data_parallel beside a tp run: the tp run was labelled
+    `tp tp4 ... data_parallel=fsdp`, a knob tp never reads."""
     three_d = ["model=tiny", "strategy=3d", "parallel.dp=2", "parallel.tp=2", "launcher.nproc_per_node=4"]
-    recs = [_record([*three_d, "strategy.dp_shard=fsdp"], tmp_path),
-            _record([*three_d, "strategy.dp_shard=zero1"], tmp_path),
+    recs = [_record([*three_d, "strategy.data_parallel=fsdp"], tmp_path),
+            _record([*three_d, "strategy.data_parallel=zero1"], tmp_path),
             _record(["model=tiny", "strategy=tp", "parallel.tp=4", "launcher.nproc_per_node=4"], tmp_path)]
-    assert labels(recs) == ["3d dp2 tp2 dp_shard=fsdp", "3d dp2 tp2 dp_shard=zero1", "tp tp4"]
+    assert labels(recs) == ["3d dp2 tp2 data_parallel=fsdp", "3d dp2 tp2 data_parallel=zero1", "tp tp4"]
 
 
 def test_own_label_and_slug_for_run_dirs_and_wandb(tmp_path):

@@ -32,7 +32,7 @@ EQUAL = {
     "recompute selective_op": ["strategy=fsdp", "parallel.dp=2", "workload.activation_checkpointing=selective_op"],
     "3d": ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2"],
     "3d sp": ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.sequence_parallel=true"],
-    "3d ddp": ["strategy=3d", "parallel.dp=2", "parallel.pp=2", "strategy.dp_shard=ddp"],
+    "3d ddp": ["strategy=3d", "parallel.dp=2", "parallel.pp=2", "strategy.data_parallel=ddp"],
     "cp": ["strategy=3d", "parallel.cp=2"],
     "3d cp": ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.pp=2"],
 }

@@ -67,7 +67,7 @@ PIPELINES = [["strategy=pp", "parallel.pp=2", f"strategy.schedule={s}"] for s in
     ["strategy=pp", "parallel.pp=2", "parallel.vpp=2", f"strategy.schedule={s}"]
     for s in ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev")] + [
     ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.sequence_parallel=true"],
-    ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.dp_shard=zero1"],
+    ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.data_parallel=zero1"],
     ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.fsdp_accumulate=sharded"],
     ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.pp=2"]]
 

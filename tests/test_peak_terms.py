@@ -38,7 +38,7 @@ FAMILIES = {
                              "workload.global_batch_size=32"],
     "3d": [*GPU, "strategy=3d", "parallel.dp=4", "parallel.tp=2", "parallel.pp=4", "workload.global_batch_size=32"],
     "3d zero1 sp full": [*GPU, "strategy=3d", "parallel.dp=4", "parallel.tp=2", "parallel.pp=2",
-                         "strategy.dp_shard=zero1", "strategy.sequence_parallel=true",
+                         "strategy.data_parallel=zero1", "strategy.sequence_parallel=true",
                          "workload.activation_checkpointing=full", "workload.global_batch_size=16"],
     "ep": [*MOE, "strategy=ep", "parallel.dp=4", "parallel.ep=2", "workload.global_batch_size=8"],
     **{f"deepspeed zero{z}": [*GPU, f"strategy={'ddp' if z == 0 else f'zero{z}'}", "strategy.engine=deepspeed",

@@ -102,8 +102,8 @@ def test_why_names_what_makes_the_compute_differ():
 def test_every_layout_maps_to_a_strategy_brigade_has():
     assert strategy_of(1, 1, 1, 1, 0) == ("single", {})
     assert strategy_of(8, 1, 1, 1, 2) == ("zero2", {})
-    assert strategy_of(4, 2, 2, 1, 3) == ("3d", {"dp_shard": "fsdp", "reshard_after_forward": True})
-    assert strategy_of(4, 2, 2, 1, 1) == ("3d", {"dp_shard": "zero1"})  # the distributed optimizer
+    assert strategy_of(4, 2, 2, 1, 3) == ("3d", {"data_parallel": "fsdp", "reshard_after_forward": True})
+    assert strategy_of(4, 2, 2, 1, 1) == ("3d", {"data_parallel": "zero1"})  # the distributed optimizer
 
 
 @pytest.mark.slow
@@ -142,7 +142,7 @@ def test_plan_skips_micro_batch_counts_a_schedule_refuses():
     which torch's 1F1B refuses (validate.py): predict prices it and says so in not_run, the planner offers
     no such layout, and every pipeline it offers (one per schedule, pp, vpp and micro-batch count) runs."""
     small = ["model=small", "hardware=cpu", "plan.gpus=4", "workload.global_batch_size=8"]
-    refused = ["strategy=3d", "strategy.dp_shard=ddp", "strategy.schedule=1f1b", "parallel.dp=2", "parallel.pp=2",
+    refused = ["strategy=3d", "strategy.data_parallel=ddp", "strategy.schedule=1f1b", "parallel.dp=2", "parallel.pp=2",
                "workload.micro_batch_size=4"]
     p = predict_overrides(small + refused)
     assert p["status"] == "ok" and "num_microbatches" in p["not_run"], p

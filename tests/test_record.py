@@ -233,3 +233,23 @@ def test_write_atomic_that_fails_leaves_the_old_file_and_no_partial_one(tmp_path
     finally:
         os.chmod(tmp_path, 0o700)
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["measurement.json"]
+
+
+def test_a_renamed_key_keeps_run_ids_and_reads_as_its_new_name():
+    """strategy.dp_shard is now strategy.data_parallel (harness/config.py: RENAMED): the old key is read as the
+    new one, and a record written under the old name keeps its run_id when its config is read today."""
+    from omegaconf import OmegaConf
+
+    from harness.config import as_dict, compose_run, to_run_config
+
+    base = ["strategy=3d", "parallel.dp=2", "parallel.pp=2"]
+    new, old = (compose_run([*base, f"strategy.{k}=ddp"]) for k in ("data_parallel", "dp_shard"))
+    assert new.strategy.data_parallel == old.strategy.data_parallel == "ddp" and old.strategy.dp_shard is None
+    assert rec.run_id(as_dict(new)) == rec.run_id(as_dict(old)) != rec.run_id(as_dict(compose_run(base)))
+    with pytest.raises(ValueError, match="dp_shard is the old name of data_parallel"):
+        compose_run([*base, "strategy.dp_shard=ddp", "strategy.data_parallel=zero1"])
+    written = [r for f in sorted((Path(__file__).parent.parent / "results" / "reference").glob("*.jsonl"))
+               for r in results_file.read(f) if (r["config"].get("strategy") or {}).get("dp_shard") not in (None, "fsdp")]
+    assert written  # reference records written under the old name, with a value other than the default
+    for r in written:
+        assert rec.run_id(as_dict(to_run_config(OmegaConf.create(r["config"])))) == r["run_id"]

@@ -159,7 +159,7 @@ def test_amdahl_fit_recovers_the_serial_fraction():
 
 def test_mesh_groups_and_node_crossing():
     run = Run({"dims": {"dp": 2, "tp": 2, "pp": 2, "vpp": 1, "ep": 1, "world_size": 8}, "strategy": "3d",
-               "config": {"hardware": {"devices_per_node": 4}, "strategy": {"dp_shard": "fsdp"}}})
+               "config": {"hardware": {"devices_per_node": 4}, "strategy": {"data_parallel": "fsdp"}}})
     d = describe(run)
     axes = {a["axis"]: a for a in d["axes"]}
     assert axes["tp"]["groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and axes["tp"]["crossing"] == 0

@@ -6,7 +6,7 @@ transformer blocks, G = its gradient bytes (after any comm hook), m = micro-batc
         overlapped with the last micro-batch's backward;
     ZeroRedundancyOptimizer (zero1_impl=torch_zero): that all-reduce + a broadcast of the updated
         parameters from their owners after the step (nothing left to hide it behind);
-    distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1; state_sharding "distributed" of
+    distributed optimizer (zero1_impl=distributed, 3d data_parallel=zero1; state_sharding "distributed" of
         harness/catalog.py): one flat reduce-scatter of G after the backward, each rank steps its 1/n,
         one all-gather of Ψ after the step (harness/strategies/distributed_optimizer.py overlaps
         neither); Megatron-Core's overlap_grad_reduce / overlap_param_gather (strategy knobs of those

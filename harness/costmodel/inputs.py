@@ -180,7 +180,7 @@ class StrategyKnobs:
         # ZeRO-3's (reuse distance, persistence threshold): which params it gathers again (ds_zero3.py)
         self.ds_reuse = ((getattr(s.ds, "stage3_max_reuse_distance", 10**9), s.ds.stage3_param_persistence_threshold)
                          if s.engine == "deepspeed" and s.zero_stage == 3 else None)
-        # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with dp_shard=ddp
+        # DDP wraps the model (reducer buckets, no_sync) for ddp, zero1 and 3d with data_parallel=ddp
         self.uses_ddp = self.state_sharding in ("replicated", "zero1_torch") and s.engine == "torch"
         # torch autocast keeps fp32 params and residual stream; FSDP2's MixedPrecisionPolicy and
         # DeepSpeed's bf16/fp16 modes cast the parameters (and so the activations) instead

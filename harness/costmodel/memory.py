@@ -8,17 +8,17 @@ TP/PP/EP, N = data-parallel degree:
 
 What the engines hold (one function per state_sharding, named as harness/catalog.py names them; measured = exact local tensor bytes after a step,
 params / grads / optimizer state, see harness/worker/measure.py):
-  replicated  single, ddp, tp, pp, ep, 3d with dp_shard=ddp: torch autocast keeps fp32 params, so
+  replicated  single, ddp, tp, pp, ep, 3d with data_parallel=ddp: torch autocast keeps fp32 params, so
               4 B params + 4 B grads + AdamW's exp_avg and exp_avg_sq (8 B) per parameter plus a 0-d
               fp32 `step` tensor (4 B) per parameter tensor, whatever the precision. With
               strategy.low_precision_params (Megatron-LM's bf16 module, priced only): 2 B params, an fp32
               main copy (4 B, master_bytes) and fp32 main grads.
-  distributed the distributed optimizer (zero1_impl=distributed, 3d dp_shard=zero1): whole params and
+  distributed the distributed optimizer (zero1_impl=distributed, 3d data_parallel=zero1): whole params and
               grads, an even flat 1/dp slice of fp32 master + AdamW per rank (function below).
   zero1_torch torch ZeroRedundancyOptimizer: params and grads whole; whole parameters are assigned
               to ranks greedily, largest first, each to the rank with the fewest elements so far
               (ties: lowest rank), so optimizer bytes differ between ranks.
-  sharded     FSDP2 fully_shard (fsdp, zero2, zero3, 3d with dp_shard=fsdp): every parameter is
+  sharded     FSDP2 fully_shard (fsdp, zero2, zero3, 3d with data_parallel=fsdp): every parameter is
               split on dim 0 in torch.chunk pieces of ceil(dim0/N) rows (the last ranks may hold
               fewer or none); grads and optimizer state follow the same split. Rank 0 holds the most.
   deepspeed   DeepSpeed ZeRO 0-3 with a client torch AdamW. Stage 0: as replicate. Stages 1/2:
@@ -42,7 +42,7 @@ from harness.costmodel.params import n_tensors, numel
 
 def state_sharding(strategy) -> str:
     """How this strategy config holds its model states (harness/catalog.py: state_sharding)."""
-    return catalog.state_sharding(strategy.name, strategy.engine, strategy.zero_stage, strategy.dp_shard,
+    return catalog.state_sharding(strategy.name, strategy.engine, strategy.zero_stage, strategy.data_parallel,
                                   getattr(strategy, "zero1_impl", "torch_zero"))
 
 

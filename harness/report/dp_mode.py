@@ -24,7 +24,7 @@ def zero_stage(run: Run) -> int:
     """What this run shards over dp, as a ZeRO stage (harness/catalog.py)."""
     s = run.cfg("strategy", default={}) or {}
     return catalog.zero_stage(run.strategy, run.engine, int(s.get("zero_stage") or 0),
-                              s.get("dp_shard", catalog.DEFAULT_DP_SHARD))
+                              s.get("data_parallel", catalog.DEFAULT_DATA_PARALLEL))
 
 
 def full_state_bytes(run: Run) -> tuple[dict[str, float], str]:

@@ -24,7 +24,7 @@ def collectives(run, axis: str) -> str:
     """What runs along an axis for this run's strategy, in words."""
     s = run.cfg("strategy", default={}) or {}
     zero = catalog.zero_stage(run.strategy, run.engine, int(s.get("zero_stage") or 0),
-                              s.get("dp_shard", catalog.DEFAULT_DP_SHARD))
+                              s.get("data_parallel", catalog.DEFAULT_DATA_PARALLEL))
     if axis == "dp":
         if zero == 3:
             return "all-gather of parameters (forward and backward) + reduce-scatter of gradients"

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from harness import catalog
 from harness.collect.environment import parent_env
-from harness.config import ADHOC_STUDY, NON_SEMANTIC_KEYS, RunConfig, flatten
+from harness.config import ADHOC_STUDY, NON_SEMANTIC_KEYS, RENAMED, RunConfig, flatten, renamed
 
 SCHEMA_VERSION = 1
 
@@ -42,13 +42,19 @@ def run_id(config: dict) -> str:
     """Hash of the resolved config, less the fields that do not change what is measured and less
     the values equal to the schema's defaults, so that adding a field with a default to the schema
     keeps every existing run_id (a resumed study still finds its done runs)."""
-    defaults = _schema_defaults()
-    flat = {**_retired_keys(config), **flatten(config)}
+    defaults = _hashed_names(_schema_defaults())
+    flat = _hashed_names({**_retired_keys(config), **renamed(flatten(config))})
     semantic = {k: v for k, v in flat.items()
                 if k.split(".")[0] not in NON_SEMANTIC_KEYS and defaults.get(k, _ABSENT) != v}
     if (config.get("launcher") or {}).get("name") == "dryrun":  # measures bytes, not a run: never the same record
         semantic["launcher.name"] = "dryrun"
     return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _hashed_names(flat: dict) -> dict:
+    """A renamed key under the name run_ids were first hashed with (harness/config.py: RENAMED)."""
+    old_of = {new: old for old, new in RENAMED.items()}
+    return {old_of.get(k, k): v for k, v in flat.items() if k not in RENAMED}
 
 
 _ABSENT = object()

@@ -1,5 +1,5 @@
 """The distributed optimizer (Megatron-LM's `--use-distributed-optimizer`, ZeRO-1 on a flat buffer):
-`strategy=zero1 strategy.zero1_impl=distributed` and, inside 3d, `strategy.dp_shard=zero1`.
+`strategy=zero1 strategy.zero1_impl=distributed` and, inside 3d, `strategy.data_parallel=zero1`.
 
 Every rank keeps its params and grads whole (its TP / PP share of them); gradients accumulate
 locally over the micro-batches with no communication. At the optimizer step, over the data-parallel

@@ -15,7 +15,7 @@ each stage's module is parallelised in this fixed order before it becomes a Pipe
        gathers K/V over cp; each rank keeps its 2 of the 2*cp sequence chunks (train_step cuts them);
     2. activation checkpointing        (the model's own per-block / attention-core checkpoint(), set
        again here so it wraps the TP-sharded blocks);
-    3. data parallel on mesh["dp"]     strategy.dp_shard=fsdp: FSDP2 per block then the stage root
+    3. data parallel on mesh["dp"]     strategy.data_parallel=fsdp: FSDP2 per block then the stage root
        (apply_fsdp; over TP DTensors this gives 2-D (dp, tp) shards; HSDP with dp_replicate > 1);
        =ddp: DDP on the dp group; =zero1: no wrapper, the distributed optimizer reduce-scatters
        at the step (harness/strategies/distributed_optimizer.py). With cp > 1 the group is dp x cp;
@@ -74,7 +74,7 @@ class Mesh3D(PipelineStrategy):
     @property
     def stage_class(self):
         s = self.run.strategy
-        sharded = s.dp_shard == "fsdp" and s.fsdp_accumulate == "sharded" and self.data_parallel > 1
+        sharded = s.data_parallel == "fsdp" and s.fsdp_accumulate == "sharded" and self.data_parallel > 1
         return ShardedAccumulationStage if sharded else PipelineStage
 
     def setup(self, model):
@@ -95,8 +95,8 @@ class Mesh3D(PipelineStrategy):
         if self.dims.cp > 1:  # 1b. CP
             module = apply_context_parallel(module, self.cp_group, run, self.dims, self.cp_rank, self.device)
         module.set_activation_checkpointing(run.workload.activation_checkpointing)  # 2. AC
-        wrap = self.data_parallel > 1 and run.strategy.dp_shard != "zero1" and self.moe is None
-        fsdp = wrap and run.strategy.dp_shard == "fsdp"
+        wrap = self.data_parallel > 1 and run.strategy.data_parallel != "zero1" and self.moe is None
+        fsdp = wrap and run.strategy.data_parallel == "fsdp"
         if fsdp:  # 3. data parallel, sharded (on meta)
             module = apply_fsdp(module, fsdp_mesh(mesh, self.dims), run)
         module = self.materialize(module)  # this rank's shards only
@@ -113,7 +113,7 @@ class Mesh3D(PipelineStrategy):
         return module  # 4. the caller (PipelineStrategy.setup) makes it a PipelineStage on mesh["pp"]
 
     def make_optimizer(self, params, foreach=None):
-        if self.run.strategy.dp_shard == "zero1" and (self.data_parallel > 1 or self.param_dtype() is not None):
+        if self.run.strategy.data_parallel == "zero1" and (self.data_parallel > 1 or self.param_dtype() is not None):
             with self.allocation():  # its flat fp32 master and grad buffers are local shards too (fake in a dry run)
                 return DistributedOptimizer(params, self.data_group(),
                                             lambda ps: super(Mesh3D, self).make_optimizer(ps, foreach), self.param_dtype())
@@ -142,7 +142,7 @@ class Mesh3D(PipelineStrategy):
     def autocast(self):
         # FSDP's MixedPrecisionPolicy casts params and inputs itself (harness/strategies/fsdp.py)
         # and the distributed optimizer's bf16 params are low-precision themselves (strategy.low_precision_params)
-        if (self.data_parallel > 1 and self.run.strategy.dp_shard == "fsdp") or self.param_dtype() is not None:
+        if (self.data_parallel > 1 and self.run.strategy.data_parallel == "fsdp") or self.param_dtype() is not None:
             return contextlib.nullcontext()
         return super().autocast()
 

@@ -1,6 +1,6 @@
 """The FSDP part of `python -m harness.calibrate`: what FSDP2's own per-module work costs a CPU step.
 
-FSDP2 (strategy fsdp, zero2, 3d with dp_shard=fsdp) runs hooks around every sharded block: before its
+FSDP2 (strategy fsdp, zero2, 3d with data_parallel=fsdp) runs hooks around every sharded block: before its
 forward and backward it all-gathers the block's parameters into a flat buffer and copies them out as
 the unsharded parameters, after its backward it copies the gradients into a reduce-scatter buffer and
 back out as sharded gradients; the optimizer then steps DTensor shards (AdamW with foreach off on CPU).

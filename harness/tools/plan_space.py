@@ -22,7 +22,7 @@ def with_sequence_parallel(knobs: dict, tp: int, model) -> list[dict]:
 def with_low_precision_params(knobs: dict, precision: str) -> list[dict]:
     """The layout's knobs, and for the distributed optimizer under bf16-mixed also with bf16 parameters
     (Megatron-LM's --bf16: fp32 only in the master slice; half the params, a bf16 residual stream)."""
-    if catalog.DP_SHARD.get(knobs.get("dp_shard"), ("",))[0] != "distributed" or precision != "bf16-mixed":
+    if catalog.DATA_PARALLEL.get(knobs.get("data_parallel"), ("",))[0] != "distributed" or precision != "bf16-mixed":
         return [knobs]
     return [knobs, {**knobs, "low_precision_params": True}]
 

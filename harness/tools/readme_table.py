@@ -113,7 +113,8 @@ def groups_table(conf: Path = config.CONF_DIR) -> str:
         for name, comment in field_comments(cls).items():
             rows.append(f"| `{group}.{name}` | {comment} |")
     for group, cls in NAMED_FIELDS.items():
-        names = ", ".join(f"`{f.name}`" for f in dataclasses.fields(cls) if f.name != "name")
+        names = ", ".join(f"`{f.name}`" for f in dataclasses.fields(cls)
+                          if f.name != "name" and f"{group}.{f.name}" not in config.RENAMED)  # an old name: not offered
         rows.append(f"| `{group}.<field>` | {names} (each commented in `harness/config.py`) |")
     top = field_comments(config.RunConfig)
     rows += [f"| `{name}=` | {top[name]} |" for name in ("series", "repeats")]

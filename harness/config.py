@@ -188,6 +188,8 @@ class LauncherConfig:
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     # Dry run (launcher=dryrun): global ranks to simulate; [] = the first rank of every pipeline stage
     ranks: list[int] = field(default_factory=list)
+    # Dry run: the forked children's total host memory (GiB, PSS); 0 = 90 % of MemAvailable at launch
+    memory_GiB: float = 0.0
 
 
 @dataclass
@@ -383,6 +385,7 @@ DOMAINS = {
     "hardware.intra_node.ring_hop_latency_us": NON_NEGATIVE, "hardware.inter_node.ring_hop_latency_us": NON_NEGATIVE,
     "hardware.intra_node.tree_hop_latency_us": NON_NEGATIVE, "hardware.inter_node.tree_hop_latency_us": NON_NEGATIVE,
     "launcher.nodes": DEGREE, "launcher.nproc_per_node": (_int_at_least(0, MAX_WORLD), f"in 0..{MAX_WORLD}"), "launcher.timeout_s": POSITIVE,
+    "launcher.memory_GiB": NON_NEGATIVE,
     "launcher.master_port": (_int_at_least(0, 65535), "0 (a free port) or 1-65535"),
     "launcher.cpus_per_task": SIZE, "launcher.gpus_per_node": COUNT, "launcher.time_min": SIZE,
     "launcher.array_parallelism": SIZE,

@@ -24,17 +24,21 @@ turns into the record's `measured`; no step time exists, so no time is reported.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
 
 from harness import rundir, strategies
+from harness.config import GiB
+from harness.run.cause import signal_name
+from harness.run.record import Status
+from harness.run.signals import received
 from harness.validate import num_microbatches
 from launch.fork import ChildError, Forked
-from launch.local import LaunchResult
+from launch.local import HOST_MEMORY_SHARE, LaunchResult, host_available_bytes, oom_kill_count
 
 # Imports inside functions: torch and what imports it, which the parent process never loads.
 
@@ -45,50 +49,178 @@ def selected_ranks(run, dims) -> list[int]:
     return [p * dims.dp * dims.tp for p in range(dims.pp)]
 
 
+POLL_S = 0.2
+# A child dead by a signal: how long the parent waits for its own signal before calling the child's death
+# the cause (a terminal or coreutils `timeout` signals the whole group; the parent's handler may run a
+# moment after the child died).
+SIGNAL_GRACE_S = 1.0
+
+
 def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
-    t0 = time.monotonic()
+    t0, oom0 = time.monotonic(), oom_kill_count()
     ranks, results = selected_ranks(run, dims), {}
-    pending, running = list(ranks), {}
-    # simulated ranks are independent: as many at once as this process may use cores (each child
-    # runs torch on one thread), so a 4-stage dry run takes one stage's time on 4 free cores
-    slots = max(1, len(os.sched_getaffinity(0)))
-    with open(log_path, "w") as log, _killing(running):
-        while pending or running:
-            while pending and len(running) < slots:
-                rank = pending.pop(0)
-                running[rank] = Forked(simulate_rank, run, dims, rank)
-            finished = [r for r, child in running.items() if child.done(0.2)]
-            if time.monotonic() - t0 > run.launcher.timeout_s and not finished:
-                log.write(f"ranks {sorted(running)}: timed out\n")
-                return LaunchResult(None, True, time.monotonic() - t0, log_path)
-            for rank in finished:
+    # simulated ranks are independent: as many at once as this process may use cores (each child runs torch
+    # on one thread) and as the memory budget admits (Children)
+    children = Children(memory_budget(run), max(1, len(os.sched_getaffinity(0))), list(ranks))
+
+    def ended(why: str, log) -> LaunchResult:
+        log.write(f"ranks {sorted(children.running)}: ended by the parent ({why})\n")
+        return LaunchResult(None, why == "timeout", time.monotonic() - t0, log_path,
+                            interrupted=None if why == "timeout" else why, ended_at=time.time(),
+                            oom_kills=max(0, oom_kill_count() - oom0))
+
+    with open(log_path, "w") as log, children:
+        while children.pending or children.running:
+            why = "timeout" if time.monotonic() - t0 > run.launcher.timeout_s else received()
+            if why:
+                return ended(why, log)
+            children.start(lambda rank: Forked(simulate_rank, run, dims, rank))
+            over = children.watch_memory(log)
+            if over is not None:  # one child alone holds more than the budget
+                _write_error(run_dir, over[0], "oom", "MemoryBudget", over[1])
+                return LaunchResult(1, False, time.monotonic() - t0, log_path)
+            for rank, child in children.finished(POLL_S):
                 try:
-                    result = running.pop(rank).result()
+                    result = child.result()
                 except ChildError as e:
+                    if e.kind == "ChildDied" and _wait_for_signal():
+                        return ended(received(), log)
                     log.write(f"rank {rank}: {e}\n{e.child_traceback}\n")
-                    error = {"rank": rank, "time": time.time(), "type": e.kind, "message": e.message[:4000],
-                             "out_of_memory": False, "traceback": e.child_traceback[-8000:]}
-                    rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
+                    status, kind, message = _death(rank, e, max(0, oom_kill_count() - oom0))
+                    _write_error(run_dir, rank, status, kind, message, e.child_traceback)
                     return LaunchResult(1, False, time.monotonic() - t0, log_path)
-                log.write(f"rank {rank}: {result['wall_s']:.2f} s\n")
+                result["host_peak_pss_bytes"] = children.peak_pss.get(rank, 0)
+                log.write(f"rank {rank}: {result['wall_s']:.2f} s, {result['host_peak_pss_bytes'] / GiB:.2f} GiB\n")
                 results[rank] = result
                 rundir.write_atomic(run_dir / rundir.PROGRESS, f"{len(results)} {len(ranks)}")
             if on_poll:
                 on_poll()
     measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims),
-                   "ranks": [results[r] for r in ranks]}
+                   "ranks": [results[r] for r in ranks], "host": children.report()}
     rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)
 
 
-@contextlib.contextmanager
-def _killing(running: dict):
-    """Take the children still running down with the launcher (timeout, error, Ctrl-C)."""
-    try:
-        yield
-    finally:
-        for child in running.values():
+def memory_budget(run) -> int:
+    """Bytes the forked children may hold together: launcher.memory_GiB, or the share of this host's
+    available memory that a local run's ranks may use (launch/local.py)."""
+    if run.launcher.memory_GiB > 0:
+        return int(run.launcher.memory_GiB * GiB)
+    return int(HOST_MEMORY_SHARE * (host_available_bytes() or 0)) or 2**62  # no /proc/meminfo: unbounded
+
+
+class Children:
+    """The forked children of one dry run, started as cores and memory allow, their memory watched.
+
+    Memory: each child's proportional set size (PSS: its own pages, and its share of the pages it shares
+    with the fork server and its siblings; /proc/<pid>/smaps_rollup), sampled every poll. A child starts
+    while the running ones' total plus the most any child of this run has held so far fits the budget; if
+    the total goes over it, the child started last is killed and started again once there is room, so
+    the total stays within the budget but for one poll's growth. A child alone over the budget ends the
+    run as `oom`. On a host with less memory fewer children run at once."""
+
+    def __init__(self, budget: int, slots: int, pending: list[int]):
+        self.budget, self.slots, self.pending = budget, slots, pending
+        self.running: dict[int, Forked] = {}
+        self.pss: dict[int, int] = {}  # running rank -> its PSS now
+        self.peak_pss: dict[int, int] = {}  # rank -> the most its (last) child held
+        self.peak_total, self.most_at_once, self.restarted = 0, 0, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for child in self.running.values():  # timeout, a signal, an error, Ctrl-C: no child outlives the launcher
             child.kill()
+        self.running.clear()
+        return False
+
+    def start(self, fork) -> None:
+        largest = max(self.peak_pss.values(), default=0)
+        while self.pending and len(self.running) < self.slots and (
+                not self.running or sum(self.pss.values()) + largest <= self.budget):
+            rank = self.pending.pop(0)
+            self.running[rank], self.pss[rank], self.peak_pss[rank] = fork(rank), 0, 0
+            self.most_at_once = max(self.most_at_once, len(self.running))
+
+    def watch_memory(self, log) -> tuple[int, str] | None:
+        """Sample the children's PSS; over the budget, stop the child started last (to run again later).
+        (rank, why) when one child alone holds more than the budget."""
+        for rank, child in self.running.items():
+            self.pss[rank] = _pss_bytes(child.pid)
+            self.peak_pss[rank] = max(self.peak_pss[rank], self.pss[rank])
+        total = sum(self.pss.values())
+        self.peak_total = max(self.peak_total, total)
+        if total <= self.budget:
+            return None
+        rank = next(reversed(self.running))
+        if len(self.running) == 1:
+            return rank, (f"the simulation of rank {rank} held {total / GiB:.2f} GiB of host memory (PSS) > the dry "
+                          f"run's budget of {self.budget / GiB:.2f} GiB (launcher.memory_GiB, or "
+                          f"{HOST_MEMORY_SHARE:.0%} of MemAvailable at launch)")
+        log.write(f"rank {rank}: stopped, to start again alone: the children held {total / GiB:.2f} GiB > "
+                  f"the budget {self.budget / GiB:.2f} GiB\n")
+        self.running.pop(rank).kill()
+        del self.pss[rank]
+        self.pending.insert(0, rank)
+        self.restarted.append(rank)
+        return None
+
+    def finished(self, timeout_s: float) -> list[tuple[int, Forked]]:
+        deadline = time.monotonic() + timeout_s
+        done = []
+        while not done and self.running and time.monotonic() < deadline:
+            done = [r for r, child in self.running.items() if child.done(0)]
+            if not done:
+                time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+        for rank in done:
+            self.pss.pop(rank, None)
+        return [(rank, self.running.pop(rank)) for rank in done]
+
+    def report(self) -> dict:
+        return {"memory_budget_bytes": self.budget, "children_peak_pss_bytes": self.peak_total,
+                "children_most_at_once": self.most_at_once, "cores": self.slots, "restarted_ranks": self.restarted}
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _wait_for_signal() -> bool:
+    """Whether the parent got a termination signal, waiting SIGNAL_GRACE_S for one (see SIGNAL_GRACE_S)."""
+    deadline = time.monotonic() + SIGNAL_GRACE_S
+    while not received() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return received() is not None
+
+
+def _death(rank: int, e: ChildError, oom_kills: int) -> tuple[str, str, str]:
+    """(status, kind, message) of a child that raised or died without the parent being told to stop."""
+    if e.kind != "ChildDied":
+        return Status.FAILED, e.kind, e.message
+    code = e.exitcode
+    if code == -signal.SIGKILL and oom_kills:
+        return Status.OOM, "OOMKilled", (f"its process was killed by SIGKILL while the kernel OOM-killed {oom_kills} "
+                                         f"process(es) (/proc/vmstat oom_kill): host memory ran out")
+    if code is not None and code < 0:
+        return Status.INTERRUPTED, "Killed", (f"its process was killed by {signal_name(code)} (exit code {code}) from "
+                                              f"outside brigade, with no OOM kill counted (/proc/vmstat oom_kill)")
+    if code == 255:  # multiprocessing's reading when the fork server is gone: the child's own status is lost
+        return Status.FAILED, "ForkServerDied", ("its process ended with an unknown status: the fork server it was "
+                                                 "forked from (launch/fork.py) died")
+    return Status.FAILED, "Exited", e.message
+
+
+def _write_error(run_dir: Path, rank: int, status: str, kind: str, message: str, tb: str = "") -> None:
+    error = {"rank": rank, "time": time.time(), "type": kind, "message": message[:4000], "status": str(status),
+             "out_of_memory": status == Status.OOM, "traceback": tb[-8000:]}
+    rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
 
 
 def simulate_rank(run, dims, rank: int) -> dict:

@@ -10,14 +10,30 @@ OpenMP's thread pool, and a child forked from it hangs in its first parallel reg
 forked rank waited on a futex forever). The fork server is a process that has imported torch and
 brigade but computed nothing; each child is forked from it (no second `import torch`), so starting
 one costs milliseconds. It talks to this process over a Unix-domain socket pair (no network).
+
+Signals: the fork server and its children ignore SIGINT, SIGTERM and SIGHUP, which a terminal or
+coreutils `timeout` sends to the whole process group (launch/fork_server.py says why): the parent
+notes them and ends its children itself. A child dies with the fork server (PR_SET_PDEATHSIG), and
+the fork server with the parent, so no child outlives the process that started it.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import signal
 import traceback
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
 
 
 def _child(conn, fn, args):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIGTERM and SIGHUP: ignored since the fork server
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     try:
         conn.send(("result", fn(*args)))
     except BaseException as e:  # noqa: BLE001 - sent to the parent, which re-raises
@@ -27,12 +43,15 @@ def _child(conn, fn, args):
 
 
 class ChildError(RuntimeError):
-    def __init__(self, kind: str, message: str, tb: str):
+    """The child raised (kind: its exception's type), or died before answering (kind "ChildDied",
+    exitcode: its exit status, -N for signal N)."""
+
+    def __init__(self, kind: str, message: str, tb: str, exitcode: int | None = None):
         super().__init__(f"{kind}: {message}")
-        self.kind, self.message, self.child_traceback = kind, message, tb
+        self.kind, self.message, self.child_traceback, self.exitcode = kind, message, tb, exitcode
 
 
-PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.pipelining",
+PRELOAD = ["launch.fork_server", "torch", "torch.distributed.fsdp", "torch.distributed.tensor.parallel", "torch.distributed.pipelining",
            "harness.strategies.base", "models.gpt", "launch.fork"]
 
 
@@ -53,6 +72,10 @@ class Forked:
         self._proc.start()
         child.close()
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def done(self, timeout_s: float | None = 0.0) -> bool:
         return self._conn.poll(timeout_s)
 
@@ -65,8 +88,9 @@ class Forked:
             status, payload = self._conn.recv()  # before join: a large result would block the child's send
         except EOFError:
             self._proc.join()
-            raise ChildError("ChildDied", f"the forked process exited with code {self._proc.exitcode} before answering",
-                             "") from None
+            code = self._proc.exitcode
+            how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
+            raise ChildError("ChildDied", f"the forked process {how} before answering", "", code) from None
         self._proc.join()
         if status == "error":
             raise ChildError(*payload)

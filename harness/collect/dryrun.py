@@ -4,7 +4,8 @@ Only memory exists in a dry run: per simulated rank the exact local bytes of par
 optimizer state (fake tensors of the real local shapes) and the peak of tensor memory in one training
 step (LiveTensors). Figures are max over the simulated ranks, plus per-rank lists in the order of
 `dryrun_ranks` (the global ranks simulated; not every rank of the world); the peak's phase and what was
-live then are the worst rank's (`peak_rank`).
+live then are the worst rank's (`peak_rank`). The host memory the simulation took: each child's peak
+PSS, the children's peak total and the budget it was held within (`dryrun_memory_budget_bytes`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def aggregate_dryrun(run, dims, measurement: dict) -> dict:
         worst = max(peaks, key=lambda r: r["memory"]["peak_mem_bytes"])
         out["peak_rank"] = worst["rank"]
         out.update({k: worst["memory"][k] for k in ("peak_step", "peak_phase", "peak_op", "peak_live_by_kind", "peak_live_by_op") if k in worst["memory"]})
+    host = measurement.get("host") or {}  # the forked children's host memory (launch/dryrun.py Children)
+    out.update({f"dryrun_{k}": v for k, v in host.items()})
+    out["dryrun_rank_host_peak_pss_bytes"] = [r.get("host_peak_pss_bytes") for r in ranks]
     kinds = {r["memory"].get("peak_mem_kind") for r in ranks} - {None}
     out["peak_mem_kind"] = kinds.pop() if len(kinds) == 1 else None
     errors = {r["rank"]: r["measured"]["dryrun_step_error"] for r in ranks if "dryrun_step_error" in r.get("measured", {})}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from harness import rundir
 from harness.run.record import Status
+from harness.run.signals import stop_cause
 
 # One entry of torchrun's ChildFailedError summary (torch/distributed/elastic/multiprocessing/errors).
 _SUMMARY_ENTRY = re.compile(r"time\s*:\s*(\S+)\s*\n\s*host\s*:.*\n\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -87,7 +88,8 @@ def first_death(run_dir: Path, result) -> Death | None:
     for e in error_files(run_dir):
         if e.get("time", 0) <= ended:
             errors[e["rank"]] = e
-            candidates.append(Death(e["rank"], e.get("time", 0), Status.OOM if e.get("out_of_memory") else Status.FAILED,
+            status = Status(e["status"]) if e.get("status") else Status.OOM if e.get("out_of_memory") else Status.FAILED
+            candidates.append(Death(e["rank"], e.get("time", 0), status,
                                     f"rank {e['rank']}: {e['type']}: {e['message']}"))
     torn_down = []  # SIGTERM: torchrun's own teardown, unless nothing else explains the failure
     for rank, (seen, code) in rank_deaths(result.log_path).items():
@@ -129,8 +131,8 @@ def verdict(run, run_dir: Path, result) -> tuple[Status, str] | None:
     if result.timed_out:
         return Status.TIMEOUT, f"run exceeded launcher.timeout_s={run.launcher.timeout_s:.0f} s; every process of the run ended"
     if result.interrupted:
-        return Status.INTERRUPTED, (f"brigade received {result.interrupted} while the run was in flight; "
-                               f"every process of the run ended")
+        status, cause = stop_cause(result.interrupted)
+        return status, f"{cause} while the run was in flight; every process of the run ended"
     if not (Path(run_dir) / rundir.MEASUREMENT).exists():
         return launcher_death(result) or (Status.FAILED, f"workers exited with code {result.returncode}: "
                                                     f"{last_exception(result.log_path) or log_tail(result.log_path)}")

@@ -190,6 +190,9 @@ class LauncherConfig:
     ranks: list[int] = field(default_factory=list)
     # Dry run: the forked children's total host memory (GiB, PSS); 0 = 90 % of MemAvailable at launch
     memory_GiB: float = 0.0
+    # Dry run: a pipeline runs the micro-batches that decide its peak, the rest extrapolated from them where
+    # its schedule repeats (harness/strategies/pp_shorten.py); false runs every micro-batch
+    shorten: bool = True
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """launcher=dryrun: the real worker code path at any world size, on torch's fake process group.
 
-For each selected rank (default: the first rank of every pipeline-rank group, harness/dims.py's placement;
-`launcher.ranks=[...]` to choose), a child forked from one fork server (launch/fork.py; never more
-children than selected ranks, as many at once as there are cores) does what harness/worker/main.py does:
+For one rank of every role (`roles`: ranks that hold the same bytes at every moment; `launcher.ranks=[...]`
+to choose), a child forked from one fork server (launch/fork.py; as many at once as there are cores and
+as the host memory budget admits, `Children`) does what harness/worker/main.py does:
 
     init_process_group("fake", FakeStore(), rank, world_size)   no socket, collectives are no-ops
     dims.build_mesh("cpu")                                      the real (pp, dp, tp) DeviceMesh
@@ -13,7 +13,9 @@ under FakeTensorMode, so materialising allocates nothing: every parameter, gradi
 tensor is a fake tensor with this rank's exact local shape and dtype. Then two training steps of the
 real `strategy.train_step` on this rank's real micro-batch shapes, under harness/worker/measure.py's
 LiveTensors, which gives the peak of the tensor storages alive, its step and phase, and what was live
-then (the first step has no optimizer state until its end; the second is every later step).
+then (the first step has no optimizer state until its end; the second is every later step). A pipeline
+runs the micro-batches that decide its peak where its schedule repeats, and the rest is extrapolated
+from them (harness/strategies/pp_shorten.py; launcher.shorten=false runs every one).
 Model-state bytes are counted after the first step by harness/worker/measure.py, as in a real run
 (params, grads and AdamW state exist then).
 If the step itself cannot run on fake tensors (reported in measured.dryrun_step_error), grads are
@@ -43,10 +45,32 @@ from launch.local import HOST_MEMORY_SHARE, LaunchResult, host_available_bytes, 
 # Imports inside functions: torch and what imports it, which the parent process never loads.
 
 
-def selected_ranks(run, dims) -> list[int]:
+STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes")
+
+
+def roles(run, dims, predicted: dict) -> dict[int, int]:
+    """The ranks to simulate, each with how many ranks of the world it stands for (its role's size).
+
+    Ranks that hold the same pipeline stages and the same shard of every tensor run the same operators
+    on tensors of the same shapes, so they hold the same bytes at every moment: one of them (the lowest)
+    is simulated for all. The shards differ along the data-parallel axes only where a tensor's rows do not
+    split evenly (FSDP2's torch.chunk pieces, ZeRO's padded partitions): the cost model's exact per-rank
+    state bytes (`predicted`, harness/costmodel/memory.py) tell those ranks apart. Along tp, cp and ep every
+    shard is equal (validation requires heads, kv heads, d_ff, the sequence and the experts to divide), but
+    for the vocabulary, which tp may split unevenly: then the tp position is part of the role. A dry run
+    routes MoE tokens at the balanced load (harness/strategies/ep_fake.py), the same on every ep rank.
+    `launcher.ranks` simulates those ranks, each for itself."""
     if run.launcher.ranks:
-        return sorted(set(int(r) for r in run.launcher.ranks))
-    return [p * dims.dp * dims.tp for p in range(dims.pp)]
+        return {r: 1 for r in sorted(set(int(r) for r in run.launcher.ranks))}
+    lists = [predicted.get(f"{k}_per_rank") for k in STATES]
+    exact = all(isinstance(xs, list) and len(xs) == dims.world_size for xs in lists)
+    uneven_vocab = run.model.vocab_size % dims.tp != 0
+    out: dict[tuple, list[int]] = {}
+    for rank in range(dims.world_size):
+        c = dims.coords(rank)
+        shard = tuple(xs[rank] for xs in lists) if exact else (c["dp"],)  # no per-rank lists: every dp position
+        out.setdefault((c["pp"], shard, c["tp"] if uneven_vocab else 0), []).append(rank)
+    return {members[0]: len(members) for members in sorted(out.values())}
 
 
 POLL_S = 0.2
@@ -58,26 +82,28 @@ SIGNAL_GRACE_S = 1.0
 
 def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
     t0, oom0 = time.monotonic(), oom_kill_count()
-    ranks, results = selected_ranks(run, dims), {}
+    predicted = json.loads((run_dir / rundir.PREDICTION).read_text())
+    stands_for = roles(run, dims, predicted)
+    ranks, results, in_full = list(stands_for), {}, {}  # in_full: rank -> why its step runs whole
     # simulated ranks are independent: as many at once as this process may use cores (each child runs torch
     # on one thread) and as the memory budget admits (Children)
     children = Children(memory_budget(run), max(1, len(os.sched_getaffinity(0))), list(ranks))
 
     def ended(why: str, log) -> LaunchResult:
         log.write(f"ranks {sorted(children.running)}: ended by the parent ({why})\n")
-        return LaunchResult(None, why == "timeout", time.monotonic() - t0, log_path,
-                            interrupted=None if why == "timeout" else why, ended_at=time.time(),
+        return LaunchResult(None, why == Status.TIMEOUT, time.monotonic() - t0, log_path,
+                            interrupted=None if why == Status.TIMEOUT else why, ended_at=time.time(),
                             oom_kills=max(0, oom_kill_count() - oom0))
 
     with open(log_path, "w") as log, children:
         while children.pending or children.running:
-            why = "timeout" if time.monotonic() - t0 > run.launcher.timeout_s else received()
+            why = Status.TIMEOUT if time.monotonic() - t0 > run.launcher.timeout_s else received()
             if why:
                 return ended(why, log)
-            children.start(lambda rank: Forked(simulate_rank, run, dims, rank))
+            children.start(lambda rank: Forked(simulate_rank, run, dims, rank, run.launcher.shorten and rank not in in_full))
             over = children.watch_memory(log)
             if over is not None:  # one child alone holds more than the budget
-                _write_error(run_dir, over[0], "oom", "MemoryBudget", over[1])
+                _write_error(run_dir, over[0], Status.OOM, "MemoryBudget", over[1])
                 return LaunchResult(1, False, time.monotonic() - t0, log_path)
             for rank, child in children.finished(POLL_S):
                 try:
@@ -89,14 +115,21 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
                     status, kind, message = _death(rank, e, max(0, oom_kill_count() - oom0))
                     _write_error(run_dir, rank, status, kind, message, e.child_traceback)
                     return LaunchResult(1, False, time.monotonic() - t0, log_path)
+                if "not_periodic" in result:  # the shortened step did not repeat: every micro-batch runs
+                    log.write(f"rank {rank}: shortened step not periodic ({result['not_periodic']}); run whole\n")
+                    in_full[rank] = result["not_periodic"]
+                    children.pending.insert(0, rank)
+                    continue
                 result["host_peak_pss_bytes"] = children.peak_pss.get(rank, 0)
+                if rank in in_full:
+                    result["not_periodic"] = in_full[rank]
                 log.write(f"rank {rank}: {result['wall_s']:.2f} s, {result['host_peak_pss_bytes'] / GiB:.2f} GiB\n")
                 results[rank] = result
                 rundir.write_atomic(run_dir / rundir.PROGRESS, f"{len(results)} {len(ranks)}")
             if on_poll:
                 on_poll()
     measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims),
-                   "ranks": [results[r] for r in ranks], "host": children.report()}
+                   "ranks": [{**results[r], "stands_for": stands_for[r]} for r in ranks], "host": children.report()}
     rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)
 
@@ -223,13 +256,16 @@ def _write_error(run_dir: Path, rank: int, status: str, kind: str, message: str,
     rundir.write_atomic(run_dir / rundir.error_file(rank), json.dumps(error, indent=1))
 
 
-def simulate_rank(run, dims, rank: int) -> dict:
-    """In the forked child: rank `rank` of the config on the fake backend (see the module docstring)."""
+def simulate_rank(run, dims, rank: int, shorten: bool = True) -> dict:
+    """In the forked child: rank `rank` of the config on the fake backend (see the module docstring);
+    `shorten`: a pipeline may run the micro-batches that decide its peak (harness/strategies/pp_shorten.py).
+    {"rank", "not_periodic": why} when that was tried and the short step's copies did not repeat."""
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from harness.strategies import pp_shorten
     from harness.worker import measure
     from harness.worker.loop import local_microbatches
     from models.gpt import build_model
@@ -242,6 +278,7 @@ def simulate_rank(run, dims, rank: int) -> dict:
     model = build_model(run.model, device="meta")
     model.set_activation_checkpointing(run.workload.activation_checkpointing)
     strategy = strategies.load(run, dims)(run, dims, mesh, device, None)
+    strategy.shorten = shorten
     nmb = num_microbatches(run, dims)
     # real token ids of this rank's micro-batches, made before the fake mode (they are inputs)
     mbs = local_microbatches(0, run, dims.coords(rank)["dp"], dims.dp, nmb, device)
@@ -253,7 +290,10 @@ def simulate_rank(run, dims, rank: int) -> dict:
     strategy.allocation = lambda: fake
     strategy.setup(model)
     with fake:
-        out.update(_steps(strategy, mbs))
+        try:
+            out.update(_steps(strategy, mbs))
+        except pp_shorten.NotPeriodic as e:
+            return {"rank": rank, "not_periodic": str(e)}
         if "memory" not in out:  # the step failed: the states as they are after the optimizer step
             out["memory"] = measure.model_state_bytes(strategy.state_tensors())
     out["memory"].update(out.pop("peak", {}))
@@ -268,10 +308,15 @@ def _steps(strategy, mbs) -> dict:
     later step. On failure, grads by hand so the optimizer state still exists."""
     import torch
 
+    from harness.strategies import pp_shorten
     from harness.worker import measure
 
     try:
         tracker = measure.LiveTensors(strategy.model, strategy.state_tensors())
+        timeline = getattr(strategy, "timeline", None)  # a pipeline: its actions mark the tracker's segments
+        if timeline is not None:
+            tracker.keep_segments()
+            timeline.observer = tracker.mark
         with tracker:
             loss = strategy.train_step(mbs)  # kept, as the loop keeps every step's loss for its statistics
         tracker.next_step()
@@ -282,9 +327,15 @@ def _steps(strategy, mbs) -> dict:
         with tracker:
             strategy.train_step(mbs)
         del loss
-        live = tracker.summary()
-        return {"memory": states,
-                "peak": {"peak_mem_bytes": live.pop("peak_bytes"), "peak_mem_kind": "fake_tensor_storages", **live}}
+        splice = getattr(strategy, "splice", None)
+        live = pp_shorten.extrapolate(tracker.segments, splice) if splice else tracker.summary()
+        out = {"memory": states,
+               "peak": {"peak_mem_bytes": live.pop("peak_bytes"), "peak_mem_kind": "fake_tensor_storages", **live}}
+        if splice:
+            out["shortened"] = {**splice.as_dict(), "simulated_peak_bytes": tracker.peak}
+        return out
+    except pp_shorten.NotPeriodic:
+        raise
     except Exception as e:  # noqa: BLE001 - reported in the record; the state bytes still follow
         for p in strategy.model.parameters():
             p.grad = torch.zeros_like(p)

@@ -6,7 +6,7 @@ Why: a terminal's Ctrl-C, a hang-up and coreutils `timeout` signal the whole pro
 children and the fork server would otherwise die at the same instant as the parent is told to stop.
 A child killed so answers nothing, and once the fork server is dead multiprocessing reads every
 child's exit code as 255: the record would say "a child died" instead of why the run stopped. The
-parent alone decides: its handler notes the signal (harness/run/ending.py), its poll loop ends every
+parent alone decides: its handler notes the signal (harness/run/signals.py), its poll loop ends every
 child (SIGKILL) and records `interrupted` or `timeout` with the cause. Nothing is left behind: the
 fork server exits when the parent does (multiprocessing's alive pipe), and each child dies with the
 fork server (PR_SET_PDEATHSIG, launch/fork.py).

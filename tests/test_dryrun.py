@@ -1,13 +1,16 @@
 """launcher=dryrun: the worker's code path on torch's fake process group. A Llama 3 70B layout of
 1024 ranks ends in an ok record whose per-stage model-state bytes equal the cost model's; a dry run
-at world 8 gives rank by rank the bytes of the real 8-process gloo run; bad input is refused."""
+at world 8 gives rank by rank the bytes of the real 8-process gloo run; one rank simulated per role
+stands for every rank of it (Llama 3 405B on 16,384 ranks: 18 roles); bad input is refused."""
 from __future__ import annotations
 
 import pytest
 
 from harness.config import MAX_WORLD, compose_run
+from harness.costmodel import predict
 from harness.dims import ConfigError
 from harness.validate import validate
+from launch.dryrun import roles
 from tests.helpers import run
 
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")
@@ -30,7 +33,8 @@ def test_llama3_70b_on_1024_ranks_matches_the_cost_model_per_stage(tmp_path):
     assert rec["status"] == "ok", rec["error"]
     m = rec["measured"]
     assert m["kind"] == "dryrun" and m["world_size"] == 1024
-    assert m["dryrun_ranks"] == [0, 256, 512, 768]  # the first rank of every pipeline stage
+    assert m["dryrun_ranks"] == [0, 256, 512, 768]  # one role a pipeline stage: every dp shard is even
+    assert m["dryrun_rank_stands_for"] == [256] * 4
     _per_rank_equal_predicted(rec)
     assert rec["fidelity"]["model_states_bytes"] == 1.0
     # the pipeline's step ran on fake tensors: a peak on every stage, above its model states
@@ -77,3 +81,64 @@ def test_dry_run_at_world_8_gives_the_bytes_of_the_real_gloo_run(tmp_path):
 def test_dry_run_refusals_show_why(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose_run(["launcher=dryrun", "model=llama_tiny", *overrides]))
+
+
+LLAMA3_405B_16K = ["launcher=dryrun", "model=llama3_405b", "strategy=3d", "parallel.dp=128", "parallel.tp=8",
+                   "parallel.pp=16", "hardware=h100_sxm", "workload.precision=bf16-mixed",
+                   "workload.global_batch_size=2048", "workload.micro_batch_size=1"]
+
+
+def test_llama3_405b_on_16384_ranks_is_18_roles():
+    """tp8 pp16 dp128: a role per pipeline stage, and on the first and the last stage a second one, the last
+    dp position, whose FSDP shard of the vocabulary's rows (16032 a tp rank, over 128) is the short one."""
+    run_ = compose_run(LLAMA3_405B_16K)
+    dims = validate(run_)
+    stands_for = roles(run_, dims, predict(run_, dims))
+    assert sum(stands_for.values()) == 16384
+    stage = 1024
+    assert stands_for == {0: stage - 8, stage - 8: 8, **{p * stage: stage for p in range(1, 15)},
+                          15 * stage: stage - 8, 16 * stage - 8: 8}
+
+
+@pytest.mark.slow
+def test_every_rank_of_a_role_holds_what_the_rank_simulated_for_it_holds(tmp_path):
+    """dp3 splits llama_tiny's rows unevenly (FSDP2's torch.chunk: 1024 = 342 + 342 + 340): two roles a
+    stage. All twelve ranks simulated: within a role every figure is the same; the default dry run
+    simulates one rank per role and gives those figures."""
+    layout = ["launcher=dryrun", "model=llama_tiny", "strategy=3d", "parallel.dp=3", "parallel.tp=2", "parallel.pp=2",
+              "workload.global_batch_size=12", "workload.micro_batch_size=2", "logger=none"]
+    every = run([*layout, f"launcher.ranks=[{','.join(map(str, range(12)))}]", "study=every"], tmp_path)
+    one = run([*layout, "study=one"], tmp_path)
+    assert every["status"] == "ok" and one["status"] == "ok", (every["error"], one["error"])
+    e, o = every["measured"], one["measured"]
+    run_ = compose_run(layout)
+    dims = validate(run_)
+    stands_for = roles(run_, dims, predict(run_, dims))
+    assert o["dryrun_ranks"] == list(stands_for) == [0, 4, 6, 10]
+    assert o["dryrun_rank_stands_for"] == list(stands_for.values()) == [4, 2, 4, 2]
+    keys = ("peak_mem_bytes", *STATES)
+    for rank in range(12):
+        role = max(r for r in stands_for if r <= rank and dims.coords(r)["pp"] == dims.coords(rank)["pp"]
+                   and (dims.coords(r)["dp"] == 2) == (dims.coords(rank)["dp"] == 2))
+        for key in keys:
+            assert e[f"{key}_per_rank"][rank] == e[f"{key}_per_rank"][role], (key, rank, role)
+    for i, rank in enumerate(o["dryrun_ranks"]):
+        for key in keys:
+            assert o[f"{key}_per_rank"][i] == e[f"{key}_per_rank"][rank], (key, rank)
+    assert len(set(e["peak_mem_bytes_per_rank"])) > 2  # the roles do differ
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_llama3_405b_on_16384_ranks_peaks_on_every_stage_as_predicted(tmp_path):
+    """The scale Llama 3 405B was trained at (Llama Team 2024: 16,384 H100s, tp8 pp16 dp128, 8192-token
+    sequences); 16 sequences a pipeline (global batch 2048). Its time is in `make bench`."""
+    rec = run([*LLAMA3_405B_16K, "launcher.timeout_s=3000", "logger=none"], tmp_path, fast=False)
+    assert rec["status"] == "ok", rec["error"]
+    m = rec["measured"]
+    assert m["world_size"] == 16384 and sum(m["dryrun_rank_stands_for"]) == 16384
+    assert "dryrun_step_error" not in m
+    stages = {r // 1024 for r, p in zip(m["dryrun_ranks"], m["peak_mem_bytes_per_rank"]) if p}
+    assert stages == set(range(16))
+    _per_rank_equal_predicted(rec)
+    assert rec["predicted"]["peak_mem_bytes"] == pytest.approx(m["peak_mem_bytes"], rel=0.05)

@@ -16,6 +16,8 @@ def aggregate_dryrun(run, dims, measurement: dict) -> dict:
     ranks = sorted(measurement["ranks"], key=lambda r: r["rank"])
     out: dict = {"kind": "dryrun", "dryrun_ranks": [r["rank"] for r in ranks],
                  "dryrun_rank_wall_s": [r["wall_s"] for r in ranks], "world_size": dims.world_size,
+                 "dryrun_rank_stands_for": [r.get("stands_for", 1) for r in ranks],
+                 "dryrun_shortened": [r.get("shortened") for r in ranks],
                  "num_microbatches": measurement["num_microbatches"], "peak_mem_kind": None}
     for key in KEYS:
         per_rank = [r["memory"].get(key) for r in ranks]
@@ -32,6 +34,9 @@ def aggregate_dryrun(run, dims, measurement: dict) -> dict:
     out["dryrun_rank_host_peak_pss_bytes"] = [r.get("host_peak_pss_bytes") for r in ranks]
     kinds = {r["memory"].get("peak_mem_kind") for r in ranks} - {None}
     out["peak_mem_kind"] = kinds.pop() if len(kinds) == 1 else None
+    whole = {r["rank"]: r["not_periodic"] for r in ranks if r.get("not_periodic")}
+    if whole:  # a shortened step whose copies did not repeat: the rank ran every micro-batch (pp_shorten)
+        out["dryrun_not_periodic"] = whole
     errors = {r["rank"]: r["measured"]["dryrun_step_error"] for r in ranks if "dryrun_step_error" in r.get("measured", {})}
     if errors:  # the step could not run on fake tensors there: states counted, no peak
         out["dryrun_step_error"] = errors

@@ -34,7 +34,7 @@ from harness.run.claims import claim_for_job, claim_key
 from harness.run.ending import Ending
 from harness.run.record import Status
 from harness.run.results_file import results_problem
-from harness.run.signals import received, stop_cause
+from harness.run.signals import received
 from harness.run.terminal import console, print_table
 from harness.run.wandb_log import log_record, run_identity
 from harness.rundir import write_atomic
@@ -154,8 +154,8 @@ def _run(cfg: DictConfig, run_ends: Ending, known: _KnownSoFar, t0: float) -> di
     label = own_label({"strategy": run.strategy.name, "config": config, "dims": dims.as_dict()}, _task_overrides())
     known.label = label
     if received():  # the parent was asked to stop before this run was launched: it ends here
-        status, cause = stop_cause(received())
-        record = rec.make_record(config, run, dims, status, f"{cause} before the run was launched; nothing was started",
+        status, why = cause.stop_cause(received())
+        record = rec.make_record(config, run, dims, status, f"{why} before the run was launched; nothing was started",
                                  predicted=predicted, wall_s=time.monotonic() - t0)
         return _finish(record, run, None, label, run_ends, known)
 

@@ -23,7 +23,9 @@ def print_summary(record: dict, label: str) -> None:
         detail = escape(" ".join((record.get("error") or "").split())[:300])
     elif m.get("kind") == "dryrun":  # launcher=dryrun: memory only (harness/collect/dryrun.py)
         p = record.get("predicted") or {}
-        detail = (f"dry run of ranks {m['dryrun_ranks']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
+        ranks = m["dryrun_ranks"]
+        simulated = f"ranks {ranks}" if len(ranks) <= 8 else f"{len(ranks)} ranks ({ranks[0]} ... {ranks[-1]})"
+        detail = (f"dry run of {simulated} for {m['world_size']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
                   f"(predicted {p.get('model_states_bytes', 0) / GiB:.2f}), peak {m.get('peak_mem_bytes', 0) / GiB:.2f} "
                   f"GiB (predicted {p.get('peak_mem_bytes', 0) / GiB:.2f}) per rank")
     else:

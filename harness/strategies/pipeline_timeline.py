@@ -63,6 +63,8 @@ class Timeline:
         self.forward_context = forward_context  # e.g. autocast, entered around each stage forward
         self.steps: list[dict] = []  # raw stamps per train_step call
         self._cur: dict | None = None
+        # called with (action, stage, mb) as an action starts and ("gap",) as it ends: a dry run's LiveTensors.mark
+        self.observer = None
 
     # -- instrumentation ----------------------------------------------------------------------
     def instrument(self, stage) -> None:
@@ -91,10 +93,14 @@ class Timeline:
 
     def timed(self, stage: int, mb: int, action: str, fn, *args, **kwargs):
         """Run fn as one action (F / B / W) of micro-batch mb on this rank's stage, leaving its event."""
+        if self.observer is not None:
+            self.observer((action, stage, mb))
         start = self.clock.stamp()
         out = fn(*args, **kwargs)
         if self._cur is not None:
             self._cur["events"].append([stage, mb, action, start, self.clock.stamp()])
+        if self.observer is not None:
+            self.observer(("gap",))
         return out
 
     # -- per step (called by the strategy) ------------------------------------------------------

@@ -43,7 +43,7 @@ from torch.distributed.pipelining import (
 )
 
 from harness import catalog
-from harness.strategies import pp_fake
+from harness.strategies import pp_fake, pp_shorten
 from harness.strategies.base import Strategy, over_fake_group
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 from harness.validate import num_microbatches
@@ -57,6 +57,8 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": S
 
 class PipelineStrategy(Strategy):
     stage_class = PipelineStage  # 3d swaps in a stage that reduce-scatters every micro-batch (fsdp_accumulate)
+    shorten = True  # a dry run may run the micro-batches that decide the peak (harness/strategies/pp_shorten.py)
+    splice: pp_shorten.Splice | None = None  # how it did: the full step is extrapolated from it
 
     @property
     def loss_owner(self) -> bool:
@@ -95,16 +97,22 @@ class PipelineStrategy(Strategy):
         """The PipelineStages of this rank's modules and the schedule over them; `metadata`: stage
         index -> the stage's static boundary metadata (a dry run, harness/strategies/pp_fake.py)."""
         s, d, pp_group = self.run.strategy, self.dims, self.mesh["pp"].get_group()
-        multi = catalog.schedule(s.schedule).placement != "one"  # a multi-stage schedule: sends waited at the step's end
-        stage_class = pp_fake.local_vote_stage(self.stage_class, multi) if metadata else self.stage_class
-        stages = [stage_class(m, i, d.num_stages, self.device, group=pp_group, **metadata.get(i, {}))
-                  for m, i in zip(self.model, self.stage_ids)]
+        one = catalog.schedule(s.schedule).placement == "one"  # else multi-stage: sends waited at the step's end
+        m = self.num_microbatches
+        stage_class = pp_fake.local_vote_stage(self.stage_class, not one, m) if metadata else self.stage_class
+        stages = [stage_class(module, i, d.num_stages, self.device, group=pp_group, **metadata.get(i, {}))
+                  for module, i in zip(self.model, self.stage_ids)]
         self.stages = stages
         for st in stages:
             self.timeline.instrument(st)
-        cls = SCHEDULES[s.schedule]
-        self.schedule = cls(stages[0] if catalog.schedule(s.schedule).placement == "one" else stages, self.num_microbatches,
-                            loss_fn=self._microbatch_loss, scale_grads=False)
+
+        def make(n: int):
+            return SCHEDULES[s.schedule](stages[0] if one else stages, n, loss_fn=self._microbatch_loss, scale_grads=False)
+
+        if metadata and self.shorten:  # a dry run: the micro-batches that decide the peak (pp_shorten)
+            chunks = d.pp * catalog.chunks_per_rank(s.schedule, d.vpp)
+            self.splice = pp_shorten.plan(make, m, d.coords(dist.get_rank())["pp"], chunks)
+        self.schedule = make(self.splice.microbatches if self.splice else m)
 
     def foreach(self) -> bool | None:
         return None
@@ -127,6 +135,9 @@ class PipelineStrategy(Strategy):
         # The schedule splits the rank's batch into m micro-batches along dim 0 again (same chunks).
         args = (torch.cat([x for x, _ in microbatches]),) if self.has_first else ()
         target = torch.cat([y for _, y in microbatches]) if self.has_last else None
+        if self.splice:  # a shortened dry run: the step's whole batch is made, its first micro-batches run
+            rows = self.splice.microbatches * len(microbatches[0][0])
+            args, target = tuple(a[:rows] for a in args), None if target is None else target[:rows]
         losses: list | None = [] if self.has_last else None
         with self.step_context():
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)

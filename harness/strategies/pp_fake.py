@@ -28,14 +28,22 @@ from torch.distributed.tensor import DTensor
 from models.pipeline_split import StageSplit, stage_module
 
 
-def local_vote_stage(stage_class: type, hold_sends: bool) -> type:
+def local_vote_stage(stage_class: type, hold_sends: bool, step_microbatches: int) -> type:
     """`stage_class` whose warm-up vote is STATIC, decided on this rank (see the module docstring), and,
     with `hold_sends`, that keeps every tensor it sends until `release_sends`: torch's multi-stage
     schedules wait on their sends when the step ends, and until then gloo's and NCCL's work holds each
-    sent tensor (a stage output after its backward, an input gradient), where the fake group's holds none."""
+    sent tensor (a stage output after its backward, an input gradient), where the fake group's holds none.
+    Its receive buffers are made for the step's `step_microbatches` micro-batches, as a real run's are,
+    also when a shortened schedule runs fewer (harness/strategies/pp_shorten.py)."""
 
     class LocalVoteStage(stage_class):
         sent: list = []
+
+        def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):
+            return super()._prepare_forward_infra(step_microbatches, *args, **kwargs)
+
+        def _prepare_backward_infra(self, num_microbatches, *args, **kwargs):
+            return super()._prepare_backward_infra(step_microbatches, *args, **kwargs)
 
         def get_fwd_send_ops(self, fwd_chunk_id):
             return self._held(super().get_fwd_send_ops(fwd_chunk_id))

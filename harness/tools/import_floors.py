@@ -26,7 +26,8 @@ PACKAGES = ("harness", "models", "launch", "hydra_plugins", "lab")
 FLOORS = (
     ("ground", ("harness", "harness.catalog", "harness.dims", "harness.rundir", "harness.run", "harness.run.signals",
                 "harness.collect", "harness.collect.compute_classes", "harness.collect.dryrun", "models",
-                "models.pipeline_split", "models.tp_plan", "launch", "launch.fork", "harness.tools", "hydra_plugins")),
+                "models.pipeline_split", "models.tp_plan", "launch", "launch.fork", "launch.fork_server",
+                "harness.tools", "hydra_plugins")),
     ("schema", ("harness.config",)),
     ("pure parent side", ("harness.costmodel", "harness.costmodel.", "harness.validate", "harness.labels",
                           "harness.collect.aggregate", "harness.collect.trace_analysis", "harness.run.record",

@@ -69,6 +69,10 @@ class LiveTensors(TorchDispatchMode):
         self.phase, self.step = "step start", 1
         self._aliasing = False
         self.names = {id(m): n or "model" for n, m in model.named_modules()} if model is not None else {}
+        # mark(): per step, the segments between marks, each with its bytes at its start and at its highest
+        # (a shortened pipeline step's actions, harness/strategies/pp_shorten.py); None: not kept
+        self.segments: list[list[dict]] | None = None
+        self._segment: dict | None = None
         # The model states that exist before the step (Strategy.state_tensors(): params, grads, optimizer
         # state), counted as `at_rest` until freed: zero_grad(set_to_none) frees last step's grads.
         for tensors in (resident or {}).values():
@@ -87,6 +91,26 @@ class LiveTensors(TorchDispatchMode):
         """The next step begins (a peak then says which step it was in)."""
         self.step += 1
         self.phase = "step start"
+        if self.segments is not None:
+            self.segments.append([])
+            self.mark(("gap",))
+
+    def keep_segments(self) -> None:
+        """From now on keep, per step, what each segment between two marks held (see mark)."""
+        self.segments = [[]]
+        self.mark(("gap",))
+
+    def mark(self, label: tuple) -> None:
+        """A new segment begins (a pipeline action, or the gap after one): its label, the bytes live at its
+        start by kind and by operator, and, as it runs, its highest bytes and what was live then."""
+        if self.segments is None:
+            return
+        self._segment = {"label": label, "start": self.current, "start_by_kind": dict(self.by_kind),
+                         "start_by_op": dict(self.by_op), "max": self.current, "at": self._here("mark")}
+        self.segments[-1].append(self._segment)
+
+    def _here(self, op: str) -> dict:
+        return {"phase": self.phase, "op": op, "live_by_kind": dict(self.by_kind), "live_by_op": dict(self.by_op)}
 
     def _count(self, slot: list, delta: int, op: str) -> None:
         """slot: [bytes, kind, the operator that made the storage]; op: what changed it now."""
@@ -95,8 +119,9 @@ class LiveTensors(TorchDispatchMode):
         self.by_op[slot[2]] = self.by_op.get(slot[2], 0) + delta
         if self.current > self.peak:
             self.peak = self.current
-            self.peak_at = {"step": self.step, "phase": self.phase, "op": op, "live_by_kind": dict(self.by_kind),
-                            "live_by_op": dict(self.by_op)}
+            self.peak_at = {"step": self.step, **self._here(op)}
+        if self._segment is not None and self.current > self._segment["max"]:
+            self._segment["max"], self._segment["at"] = self.current, self._here(op)
 
     def _free(self, slot):
         self._count(slot, -slot[0], "free")

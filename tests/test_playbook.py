@@ -1,0 +1,72 @@
+"""Pure tier: the Playbook sweep's development half (lab/playbook.py) and its generated page docs/playbook.md."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lab import playbook, playbook_doc
+
+
+@pytest.fixture(scope="module")
+def results():
+    return playbook.run_all()
+
+
+def test_the_development_half_is_whole_and_only_it():
+    rows = playbook.load()
+    assert len(rows) == 1641
+    assert {r["model_label"] for r in rows} == {"1B", "8B"}
+    assert sum(r["status"] == "ok" for r in rows) == 1027
+    # the batch column says 256 everywhere; 20 rows' degrees and accumulation process another (NOT_EXPRESSED)
+    assert {r["gbs_seqs"] for r in rows} == {256}
+    assert sum(playbook.batch_sequences(r) != 256 for r in rows) == 20
+    for r in rows:
+        assert r["gpus"] == r["dp"] * r["tp"] * r["pp"] == 8 * r["nodes"]
+        assert r["status"] in ("ok", "crashed_or_oom")
+        assert (r["tok_s_gpu"] > 0) == (r["status"] == "ok")
+
+
+def test_rows_map_to_the_runtime_as_it_ran():
+    """ZeRO-1 shards master and AdamW (the distributed optimizer), ZeRO-0 nothing; bf16 params, fp32 master and
+    gradients; sequence parallel with tp; 1F1B; EFA between p5 nodes; tied embeddings only where one stage holds both."""
+    rows = playbook.load()
+    compose = __import__("lab.published", fromlist=["caching_compose"]).caching_compose()
+    by = {(r["model_label"], r["dp"], r["tp"], r["pp"], r["zero_stage"]): r for r in rows}
+    run = compose(playbook.overrides(by[("1B", 16, 4, 2, 1)]))
+    s = run.strategy
+    assert (s.name, s.data_parallel, s.low_precision_params, s.sequence_parallel, s.schedule) == \
+        ("3d", "zero1", True, True, "1f1b")
+    assert run.hardware.fabric["name"] == "efa_p5" and run.model.tie_embeddings is False
+    assert compose(playbook.overrides(by[("1B", 8, 1, 1, 0)])).model.tie_embeddings is True
+    plain = compose(playbook.overrides(by[("1B", 8, 1, 1, 1)])).strategy
+    assert (plain.name, plain.zero1_impl) == ("zero1", "distributed")
+    assert compose(playbook.overrides(by[("8B", 2, 4, 1, 0)])).strategy.data_parallel == "ddp"
+
+
+def test_every_ok_row_is_predicted_and_every_crashed_row_checked(results):
+    ok = [r for r in results if r["status"] == "ok"]
+    assert all(r["refused"] is None and r["predicted_tokens_per_s_per_gpu"] > 0 and r["mem_ratio"] > 0 for r in ok)
+    for r in results:
+        if r["status"] != "ok":  # checked: refused with the arithmetic, or a fit verdict
+            assert (r["refused"] is None) == (r["fits_in_memory"] is not None)
+
+
+def test_a_group_verdict_is_the_planners_pick_among_what_fits():
+    def row(pred, meas, fits=True, status="ok"):
+        return {"predicted_tokens_per_s_per_gpu": pred, "measured_tokens_per_s_per_gpu": meas if status == "ok" else None,
+                "fits_in_memory": fits, "status": status, "dp": 1, "tp": 1, "pp": 1, "zero": 0, "mbs": 1,
+                "grad_acc": int(pred)}
+    g = playbook.group_verdict([row(30, 0, status="crashed_or_oom"), row(20, 80), row(10, 100), row(40, 120, fits=False)])
+    # the pick is the fastest predicted that fits (it crashed: regret 1); the measured best (predicted OOM) has no rank
+    assert (g["pick_status"], g["regret"], g["within_10_pct"], g["best_predicted_rank"]) == \
+        ("crashed_or_oom", 1.0, False, None)
+    g = playbook.group_verdict([row(20, 95), row(10, 100), row(5, 50)])
+    assert g["within_10_pct"] and g["regret"] == pytest.approx(0.05) and g["best_predicted_rank"] == 2
+    assert g["rho"] == pytest.approx(0.5)
+    assert math.isnan(playbook.group_verdict([row(20, 95)])["rho"])
+
+
+def test_playbook_page_is_generated():
+    assert playbook_doc.DOC.read_text() == playbook_doc.playbook_doc(), \
+        "docs/playbook.md is stale: python -m lab.playbook_doc"

@@ -24,8 +24,9 @@ def print_summary(record: dict, label: str) -> None:
     elif m.get("kind") == "dryrun":  # launcher=dryrun: memory only (harness/collect/dryrun.py)
         p = record.get("predicted") or {}
         ranks = m["dryrun_ranks"]
-        simulated = f"ranks {ranks}" if len(ranks) <= 8 else f"{len(ranks)} ranks ({ranks[0]} ... {ranks[-1]})"
-        detail = (f"dry run of {simulated} for {m['world_size']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
+        shown = f"{ranks}" if len(ranks) <= 8 else f"[{ranks[0]} ... {ranks[-1]}]"
+        stands_for = sum(m.get("dryrun_rank_stands_for") or [1] * len(ranks))
+        detail = (f"dry run of {len(ranks)} rank(s) {shown} standing for {stands_for} of {m['world_size']}: model states {m['model_states_bytes'] / GiB:.2f} GiB "
                   f"(predicted {p.get('model_states_bytes', 0) / GiB:.2f}), peak {m.get('peak_mem_bytes', 0) / GiB:.2f} "
                   f"GiB (predicted {p.get('peak_mem_bytes', 0) / GiB:.2f}) per rank")
     else:

@@ -2,7 +2,8 @@
 
 Runs are matched by config (run_id: the config less what does not change what is measured; never the
 environment), so a study rerun after a torch, NCCL or driver upgrade, on another cluster or on a new
-commit compares run for run. For each config:
+commit compares run for run; a run slowed on purpose (slow_step_pct, its own run_id) is matched with the
+clean config it slows, and said to be. For each config:
 
     tokens/s of A and B       median and bootstrap 95 % interval over the config's repeats and steps
     ratio B/A                 with its own bootstrap 95 % interval (A and B resampled independently)
@@ -61,6 +62,19 @@ def verdict(lo: float, hi: float, threshold_pct: float) -> str:
     return "same"
 
 
+def pairs(a: dict[str, list[dict]], b: dict[str, list[dict]]) -> list[tuple[str | None, str | None]]:
+    """(A's run_id, B's run_id) of each config either side ran, None on the side that lacks it: the same
+    run_id, else a run slowed on purpose beside the clean config it slows (aggregate.compared_id); A's
+    order, then B's own."""
+    match = {i: aggregate.compared_id(side[i][-1]) for side in (a, b) for i in side}
+    out, taken = [], set()
+    for i in a:
+        j = i if i in b else next((j for j in b if j not in a and j not in taken and match[j] == match[i]), None)
+        taken.add(j)
+        out.append((i, j))
+    return out + [(None, j) for j in b if j not in a and j not in taken]
+
+
 @dataclass
 class Row:
     run_id: str
@@ -77,17 +91,17 @@ class Row:
 
 def compare_configs(a: dict[str, list[dict]], b: dict[str, list[dict]], threshold_pct: float) -> list[Row]:
     """A row per config either side ran (A's order, then B's own); a and b: aggregate.by_config."""
-    ids = list(dict.fromkeys([*a, *b]))
-    shown = [aggregate.config_record(a.get(i) or b[i]) for i in ids]
+    ids = pairs(a, b)
+    shown = [aggregate.config_record(a[i] if i else b[j]) for i, j in ids]
     rows = []
-    for i, label in zip(ids, labels(shown)):
-        ra, rb = (aggregate.config_record(side[i]) if i in side else None for side in (a, b))
-        row = Row(i, label, ra, rb)
+    for (i, j), label in zip(ids, labels(shown)):
+        ra, rb = (aggregate.config_record(side[k]) if k else None for side, k in ((a, i), (b, j)))
+        row = Row(i or j, label, ra, rb)
         rows.append(row)
         if ra is None or rb is None:
             row.note = f"only in {'A' if rb is None else 'B'}"
             continue
-        ga, gb = aggregate.step_groups(a[i]), aggregate.step_groups(b[i])
+        ga, gb = aggregate.step_groups(a[i]), aggregate.step_groups(b[j])
         if not ga or not gb:
             row.note = f"not comparable: A {ra['status']}, B {rb['status']}"
             continue
@@ -180,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r.note.startswith("only in"):
             console.print(f"{r.note}: {escape(r.label)} ({r.run_id})")
+    for r in rows:
+        slowed = [f"{side} {x['slowed_on_purpose']['slow_step_pct']:g} %" for side, x in (("A", r.a), ("B", r.b))
+                  if x and x.get("slowed_on_purpose")]
+        if slowed:
+            console.print(f"slowed on purpose (slow_step_pct): {escape(r.label)}: {', '.join(slowed)}")
     for r in rows:
         if r.why_same:
             console.print(f"{r.why_same}: {escape(r.label)}: {needs(r)}")

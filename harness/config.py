@@ -234,15 +234,16 @@ class RunConfig:
     rerun: str = "none"  # none | failed (re-run failed/timeout/oom configs) | all
     fault: str = "none"  # test-only fault switch: none | crash_rank1 | hang_rank1 | oom_rank1 (4 GiB: in a memory cgroup)
     # a regression on purpose: every training step busy-waits this % of its own time more, inside the timed
-    # region (harness/worker/main.py). Not part of run_id, as a slower commit is not: `harness.compare`
-    # matches the slowed runs to the clean ones and must call them slower.
+    # region (harness/worker/main.py). Part of run_id, so a slowed record never stands for the clean config in
+    # a study (nor resumes as its `ok`); the record's `slowed_on_purpose` names the clean run_id, which
+    # `harness.compare` and the index match the slowed runs against.
     slow_step_pct: float = 0.0
     report: bool = True  # write the HTML report at the end of a sweep
 
 
 # Fields that do not change what is measured: excluded from run_id so a resumed study matches.
 NON_SEMANTIC_KEYS = ("launcher", "logger", "plan", "results_dir", "rerun", "report", "study", "allow_oversubscribe_memory",
-                     "allow_failures", "repeats", "repeat", "slow_step_pct")
+                     "allow_failures", "repeats", "repeat")
 
 
 _registered = False

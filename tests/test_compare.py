@@ -172,6 +172,24 @@ def test_run_to_run_noise_beyond_the_threshold_is_rarely_called_slower_at_three_
     assert slower(1) > 200 / 4  # one run a side: the steps' interval misses the scatter, and says slower often
 
 
+def test_a_study_slowed_on_purpose_is_matched_with_the_clean_one_and_said_to_be(tmp_path):
+    """The slowed records have their own run_id; compare pairs them with the clean config they slow."""
+    rng = random.Random(11)
+    a = [_record(tmp_path, ["strategy=single"], i, _steps(rng, 0.10)) for i in range(3)]
+    b = [_record(tmp_path, ["strategy=single", "slow_step_pct=30"], i, _steps(rng, 0.13)) for i in range(3)]
+    assert a[0]["run_id"] != b[0]["run_id"] == b[2]["run_id"]
+    assert b[0]["slowed_on_purpose"]["clean_run_id"] == a[0]["run_id"]
+    row, = compare_configs(aggregate.by_config(a), aggregate.by_config(b), 5)
+    assert (row.label, row.verdict) == ("single", "slower")
+    p = _compare(_write(tmp_path / "a.jsonl", a), _write(tmp_path / "b.jsonl", b))
+    out = " ".join(p.stdout.split())
+    assert p.returncode == 1 and "slowed on purpose (slow_step_pct): single: B 30 %" in out, p.stdout
+    assert "1 slower, 0 faster, 0 same, 0 not compared; exit 1" in out
+    # a study holding both the clean and the slowed config compares each with its own
+    rows = compare_configs(aggregate.by_config(a), aggregate.by_config(a + b), 5)
+    assert [(r.run_id, r.verdict) for r in rows] == [(a[0]["run_id"], "same"), (b[0]["run_id"], "")]
+
+
 def test_compare_refuses_bad_input_with_exit_2(tmp_path):
     p = _compare(tmp_path / "none.jsonl", tmp_path / "none.jsonl")
     assert p.returncode == 2 and "no records file" in p.stdout

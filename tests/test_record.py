@@ -53,6 +53,24 @@ def test_run_id_ignores_where_results_go():
     assert rec.run_id(a) == rec.run_id(b) != rec.run_id(c)
 
 
+def test_a_run_slowed_on_purpose_has_its_own_run_id_and_says_so(tmp_path):
+    """slow_step_pct is part of run_id: a slowed record never resumes as the clean config's `ok`; the
+    record names the slowdown and the clean config's run_id (what harness.compare matches it with)."""
+    from harness.config import as_dict, compose_run
+    from harness.validate import validate
+
+    base = ["model=tiny", "logger=none", "study=s", f"results_dir={tmp_path}"]
+    clean, slowed = (compose_run(base + extra) for extra in ([], ["slow_step_pct=30"]))
+    assert rec.run_id(as_dict(clean)) == rec.run_id(as_dict(compose_run(base + ["slow_step_pct=0"])))
+    assert rec.run_id(as_dict(slowed)) != rec.run_id(as_dict(clean))
+    record = rec.make_record(as_dict(slowed), slowed, validate(slowed), "ok", None)
+    assert record["slowed_on_purpose"] == {"slow_step_pct": 30.0, "clean_run_id": rec.run_id(as_dict(clean))}
+    assert "slowed_on_purpose" not in rec.make_record(as_dict(clean), clean, validate(clean), "ok", None)
+    results_file.append(results_file.records_path(tmp_path, "s"), record)
+    assert results_file.already_done(as_dict(clean), clean) is None  # the clean config is still to run
+    assert results_file.already_done(as_dict(slowed), slowed)["run_id"] == record["run_id"]
+
+
 def test_records_written_before_the_reorganisation_still_load_and_resume(tmp_path):
     """A record of schema 1 written before harness/catalog.py (its config still has strategy.axes and
     strategy.impl, and none of the fields added since) loads, reports, and keeps its run_id: the same

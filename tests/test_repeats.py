@@ -53,7 +53,9 @@ def test_repeats_run_round_robin_each_its_own_record(noise_studies):
     rows = noise_studies["records"]
     assert [(r["repeat"], r["config"]["slow_step_pct"]) for r in rows] == [
         (i, pct) for i in range(3) for pct in (0, 0, SLOW_PCT)]
-    assert len({r["run_id"] for r in rows}) == 1 and all(r["status"] == "ok" for r in rows)  # one config
+    # the clean copies are one config; the slowed copy is its own, and names the clean one's run_id
+    assert len({r["run_id"] for r in rows}) == 2 and all(r["status"] == "ok" for r in rows)
+    assert {r["slowed_on_purpose"]["clean_run_id"] for r in rows[2::3]} == {rows[0]["run_id"]}
     env = rows[0]["env"]  # the fingerprint the ranks read: each field a value or a reason
     for k in ("cuda", "nccl", "driver", "interconnect", "slurm_job_id", "slurm_partition"):
         assert (env.get(k) is None) == (k in env["unavailable"]), (k, env.get(k), env["unavailable"])
@@ -63,11 +65,12 @@ def test_repeats_run_round_robin_each_its_own_record(noise_studies):
         med, lo, hi = aggregate.median_ci([m["step_times_s"]])
         assert m["step_time_s"] == med and m["step_time_s_ci95"] == [lo, hi]
         assert m["tokens_per_s_ci95"] == pytest.approx([m["tokens_per_step"] / hi, m["tokens_per_step"] / lo])
-    # the end-of-study table and the report: one row for the config, its repeats pooled with their interval
-    # (in this sweep the latest record of each repeat is the slowed copy's: a re-run replaces a record)
-    config, = aggregate.config_records(rows)
+    # the end-of-study table and the report: one row per config, its repeats pooled with their interval
+    # (the clean config's latest record of each repeat is clean_b's: a re-run replaces a record)
+    config, slowed = aggregate.config_records(rows)
     interval = ci_text(config["measured"]["tokens_per_s_ci95"])
-    assert config["repeats"] == 3 and config["measured"]["step_times_s"] == rows[-1]["measured"]["step_times_s"]
+    assert config["repeats"] == slowed["repeats"] == 3
+    assert config["measured"]["step_times_s"] == rows[-2]["measured"]["step_times_s"]
     assert "95% CI" in noise_studies["stderr"] and "│ 3 │" in noise_studies["stderr"]
     assert interval in noise_studies["stderr"]
     page = (noise_studies["dir"] / "noise.html").read_text()

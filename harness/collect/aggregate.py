@@ -224,6 +224,7 @@ def merge(ranks: list[dict]) -> dict:
 #     key(record)            (run_id, repeat): what a resumed study looks for, one record per repeat
 #     latest(records)        the latest record of each (run_id, repeat), in first-seen order
 #     by_config(records)     run_id -> its repeats' latest records
+#     compared_id(record)    what a comparison matches it by: its run_id, a slowed run its clean config's
 #     config_record(repeats) one record for the config: the latest repeat's, its measured throughput
 #                            replaced by the pooled median of every ok repeat's step times with a
 #                            two-level bootstrap 95 % interval (harness/collect/aggregate.py)
@@ -247,6 +248,12 @@ def latest(records: list[dict]) -> list[dict]:
             out[key(r)] = r
     first = list(dict.fromkeys(key(r) for r in records if isinstance(r, dict) and "run_id" in r))
     return [out[k] for k in first]
+
+
+def compared_id(record: dict) -> str:
+    """The config a comparison matches the record by: its run_id, or for a run slowed on purpose
+    (slow_step_pct) the clean config's (the record's slowed_on_purpose.clean_run_id)."""
+    return (record.get("slowed_on_purpose") or {}).get("clean_run_id") or record["run_id"]
 
 
 def by_config(records: list[dict]) -> dict[str, list[dict]]:

@@ -154,37 +154,46 @@ def history(studies: list[StudyEntry], figs: Figures, threshold_pct: float) -> t
     """Each config's tokens/s across the studies that ran it (time order), one chart per model; each
     consecutive pair compared as `harness.compare` compares them, slower ones flagged."""
     order = [s.name for s in studies]
+    # a config across studies: matched as `harness.compare` matches it, a run slowed on purpose with the
+    # clean config it slows (aggregate.compared_id); in each study, that config's run_id
     per_config: dict[str, list[StudyEntry]] = {}
+    in_study: dict[tuple[str, str], str] = {}
     for s in studies:
-        for rid in s.configs:
-            per_config.setdefault(rid, []).append(s)
+        for rid, r in s.configs.items():
+            key = aggregate.compared_id(r)
+            if (s.name, key) not in in_study or rid == key:  # a study that ran both: its clean config
+                in_study[s.name, key] = rid
+        for key in dict.fromkeys(aggregate.compared_id(r) for r in s.configs.values()):
+            per_config.setdefault(key, []).append(s)
     regressions: list[Regression] = []
     by_model: dict[str, go.Figure] = {}
     # configs named by what sets them apart across every study (harness/labels.py)
-    names = dict(zip(per_config, labels([seen[-1].configs[rid] for rid, seen in per_config.items()])))
-    for i, (rid, seen) in enumerate(per_config.items()):
-        pts = [(s, _tput(s.configs[rid])) for s in seen]
+    names = dict(zip(per_config, labels([seen[-1].configs[in_study[seen[-1].name, key]]
+                                         for key, seen in per_config.items()])))
+    for i, (key, seen) in enumerate(per_config.items()):
+        pts = [(s, _tput(s.configs[in_study[s.name, key]])) for s in seen]
         pts = [(s, t) for s, t in pts if t is not None]
         if not pts:
             continue
-        r = pts[-1][0].configs[rid]
-        label = names[rid]
+        r = pts[-1][0].configs[in_study[pts[-1][0].name, key]]
+        label = names[key]
         model = str(((r.get("config") or {}).get("model") or {}).get("name"))
         fig = by_model.setdefault(model, go.Figure())
         colour = STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]
         fig.add_trace(go.Scatter(x=[s.name for s, _ in pts], y=[round(t[0], 1) for _, t in pts],
                                  mode="lines+markers", name=label, error_y=_bars([t for _, t in pts]),
-                                 line=dict(color=colour), legendgroup=rid,
+                                 line=dict(color=colour), legendgroup=key,
                                  hovertemplate=f"{esc(label)}<br>%{{x}}: %{{y:.0f}} tokens/s<extra></extra>"))
         flagged = []
         for (a, _), (b, tb) in zip(pts, pts[1:]):
-            row = compare_configs({rid: a.by_config[rid]}, {rid: b.by_config[rid]}, threshold_pct)[0]
+            ia, ib = in_study[a.name, key], in_study[b.name, key]
+            row = compare_configs({ia: a.by_config[ia]}, {ib: b.by_config[ib]}, threshold_pct)[0]
             if row.verdict == "slower":
-                regressions.append(Regression(label, rid, a.name, b.name, row.ratio))
+                regressions.append(Regression(label, ib, a.name, b.name, row.ratio))
                 flagged.append((b.name, tb[0]))
         if flagged:
             fig.add_trace(go.Scatter(x=[x for x, _ in flagged], y=[round(y, 1) for _, y in flagged], mode="markers",
-                                     name=f"regression: {label}", legendgroup=rid,
+                                     name=f"regression: {label}", legendgroup=key,
                                      marker=dict(symbol="x", size=16, color="#d62728", line=dict(width=2)),
                                      hovertemplate="regression (slower beyond the threshold)<extra></extra>"))
     out = []

@@ -51,6 +51,13 @@ def run_id(config: dict) -> str:
     return hashlib.sha256(json.dumps(semantic, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def slowed_on_purpose(config: dict) -> dict | None:
+    """A record's `slowed_on_purpose`: the slowdown (slow_step_pct) and the run_id of the same config run
+    clean, which `harness.compare` and the index match it against; None for a clean run."""
+    pct = config.get("slow_step_pct")
+    return {"slow_step_pct": pct, "clean_run_id": run_id({**config, "slow_step_pct": 0.0})} if pct else None
+
+
 def _hashed_names(flat: dict) -> dict:
     """A renamed key under the name run_ids were first hashed with (harness/config.py: RENAMED)."""
     old_of = {new: old for old, new in RENAMED.items()}
@@ -92,6 +99,7 @@ def make_record(config: dict, run, dims, status: str, error: str | None,
         "wall_s": wall_s,
         "run_dir": str(run_dir) if run_dir else None,
         "config": config,
+        **({"slowed_on_purpose": slowed} if (slowed := slowed_on_purpose(config)) else {}),
         "env": {**parent_env(), **(env or {}), "world_size": dims.world_size if dims else None},
         "measured": measured or {},
         "predicted": predicted or {},

@@ -12,14 +12,15 @@ QUIET := grep -v "is ignored: it is neither a file nor a directory" || true
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@# Keep a torch that is already there (a CUDA build you installed); else the CPU build.
 	@$(PY) -c "import torch" 2>/dev/null || { echo "installing torch==2.13.0 (CPU build)"; $(PY) -m pip install -q torch==2.13.0 2>&1 | $(QUIET); }
 	@echo "installing pinned dependencies (requirements.txt)"
 	@$(PY) -m pip install -q -r requirements.txt 2>&1 | $(QUIET)
+	@$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt 2>&1 | $(QUIET)
 	@$(PY) -m pip install -q --no-deps -e . --config-settings editable_mode=compat 2>&1 | $(QUIET)
-	@DS_ACCELERATOR=cpu $(PY) -c "import torch, deepspeed, hydra, wandb" >/dev/null 2>&1 || { echo "dependency check failed"; exit 1; }
+	@DS_ACCELERATOR=cpu $(PY) -c "import torch, deepspeed, hydra, wandb, hta" >/dev/null 2>&1 || { echo "dependency check failed"; exit 1; }
 	@touch $(STAMP)
 
 demo: $(STAMP)

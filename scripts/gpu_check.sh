@@ -7,6 +7,8 @@
 #   COMPILE=true scripts/gpu_check.sh         # also with torch.compile (workload.compile=true)
 #   CALIBRATE=false scripts/gpu_check.sh      # skip step 0 (about 2 minutes)
 #   LLAMA=false scripts/gpu_check.sh          # skip the 8-block Llama 3 8B run (about 1-2 minutes)
+#   HW=cpu scripts/gpu_check.sh               # a rehearsal on this CPU: every step that needs no CUDA, with
+#                                             # model=tiny in fp32 (make test-all runs it: tests/test_gpu_scripts.py)
 #
 # The python: $PY if set; else .venv's (install your CUDA build of torch before `make install`: see README);
 # else, on a GPU machine that reaches no package registry, python3's own CUDA torch with the wheels that
@@ -24,6 +26,9 @@
 #   3. the tables: step time, tokens/s, MFU, memory; measured/predicted ratios (harness.collect.aggregate)
 #      and the compute by kind of work, measured beside predicted (python -m harness.fidelity prints both),
 #      and the single-device steps predicted again on the measured profile of step 0
+#   5. the profiled steps' own traces, per rank and step (python -m harness.trace: compute by kind, NCCL
+#      collectives with their bus bandwidth, overlap, idle), and Holistic Trace Analysis's figures beside
+#      brigade's (python -m lab.trace_vs_hta) where HTA is installed (make install puts it in .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PY:-}" ] && [ -x .venv/bin/python ]; then
@@ -47,6 +52,12 @@ fi
 [ -n "${PY:-}" ] || { echo "no .venv/bin/python and no .whl/: run 'make install' (after installing a CUDA torch), or scripts/gpu_wheels.sh where pip works and copy .whl/ here" >&2; exit 1; }
 HW=${HW:-h100_sxm}
 COMPILE=${COMPILE:-false}
+# HW=cpu rehearses the script where there is no GPU: no device check, no calibration, model=tiny in fp32
+if [ "$HW" = "cpu" ]; then
+  MODELS=${MODELS:-tiny}; PRECISION=${PRECISION:-fp32}; CALIBRATE=${CALIBRATE:-false}; LLAMA=${LLAMA:-false}
+fi
+MODELS=${MODELS:-gpt2_124m,gpt_1_3b}
+PRECISION=${PRECISION:-bf16-mixed}
 RESULTS=${RESULTS:-results}
 LOGGER=${LOGGER:-wandb}   # W&B offline by default; LOGGER=none for none
 
@@ -55,13 +66,17 @@ if ! TORCH=$($PY -c "import torch; print(torch.__version__)" 2>/dev/null); then
   exit 1
 fi
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
-if [ "$NGPU" -lt 1 ]; then
+if [ "$NGPU" -lt 1 ] && [ "$HW" != "cpu" ]; then
   echo "no CUDA device visible to torch $TORCH: install a CUDA build of torch into $PY's environment first" >&2
   exit 1
 fi
-$PY -c "import pynvml" 2>/dev/null || $PY -m pip install -q nvidia-ml-py==13.615.71 \
-  || echo "== no nvidia-ml-py: the NVML memory and SM clock readings are left out" >&2
-echo "== $NGPU GPU(s): $($PY -c 'import torch; print(torch.cuda.get_device_name(0))'), hardware profile $HW, compile=$COMPILE"
+if [ "$HW" = "cpu" ]; then
+  echo "== rehearsal on the CPU (HW=cpu): model $MODELS, precision $PRECISION, compile=$COMPILE"
+else
+  $PY -c "import pynvml" 2>/dev/null || $PY -m pip install -q nvidia-ml-py==13.615.71 \
+    || echo "== no nvidia-ml-py: the NVML memory and SM clock readings are left out" >&2
+  echo "== $NGPU GPU(s): $($PY -c 'import torch; print(torch.cuda.get_device_name(0))'), hardware profile $HW, compile=$COMPILE"
+fi
 
 # 0. the device's own figures, beside the cited ones the predictions below use
 MEASURED=""
@@ -79,8 +94,8 @@ COMPILES=false
 [ "$COMPILE" = "true" ] && COMPILES=false,true
 # 1. one device. global batch 8 in micro-batches of 4 (gpt_1_3b at s=2048 fits 80 GB with room);
 #    the sweep crosses the two models with compile off (and on).
-$PY -m harness -m study=gpu_single hardware="$HW" strategy=single "model=gpt2_124m,gpt_1_3b" \
-  workload.precision=bf16-mixed workload.global_batch_size=8 workload.micro_batch_size=4 \
+$PY -m harness -m study=gpu_single hardware="$HW" strategy=single "model=$MODELS" \
+  workload.precision="$PRECISION" workload.global_batch_size=8 workload.micro_batch_size=4 \
   "workload.compile=$COMPILES" logger="$LOGGER" results_dir="$RESULTS" || FAILED="$FAILED gpu_single"
 # a Llama block as the published Llama runs have it: one sequence of 8192 per micro-batch, 4 per step
 # (68.5 GiB predicted on 80 GB)
@@ -129,6 +144,25 @@ done
 if [ -n "$MEASURED" ] && [ -f "$RESULTS/gpu_single.jsonl" ]; then
   echo; echo "== gpu_single: measured / predicted on hardware=$MEASURED"
   $PY -m harness.fidelity "$RESULTS/gpu_single.jsonl" --repredict "hardware=$MEASURED"
+fi
+
+# 5. the profiled steps' traces: brigade's tables per rank and step, then HTA's figures beside brigade's. HTA
+#    reads GPU kernels only: the rehearsal's traces are CPU ones, so it shows HTA on a public GPU trace instead.
+TRACES=$(ls "$RESULTS"/runs/gpu_single/*/trace_rank*.json "$RESULTS"/runs/dp_vs_3d/*/trace_rank*.json 2>/dev/null || true)
+if [ -n "$TRACES" ]; then
+  echo; echo "== the profiled steps' traces (python -m harness.trace)"
+  # shellcheck disable=SC2086
+  $PY -m harness.trace $TRACES || FAILED="$FAILED traces"
+  if ! $PY -c "import hta" 2>/dev/null; then
+    echo "== HTA is not installed here (pip install --no-deps -r requirements-nodeps.txt): brigade's figures only"
+  elif [ "$HW" = "cpu" ]; then
+    echo; echo "== HTA beside brigade (python -m lab.trace_vs_hta) on a public GPU trace: HTA reads GPU kernels only"
+    $PY -m lab.trace_vs_hta tests/fixtures/gpu_traces/nccl_data.json.gz || FAILED="$FAILED hta"
+  else
+    echo; echo "== HTA beside brigade (python -m lab.trace_vs_hta)"
+    # shellcheck disable=SC2086
+    $PY -m lab.trace_vs_hta $TRACES || FAILED="$FAILED hta"
+  fi
 fi
 if [ -n "$FAILED" ]; then
   echo "== not every run ended ok:$FAILED (the tables above and each record's error say why)" >&2

@@ -91,3 +91,19 @@ def test_gpu_checks_tables_read_a_real_profiled_record(tmp_path, single_referenc
     assert "1 records, hardware cpu;" in out.stdout, out.stdout
     for kind in ("gemm", "attention", "elementwise", "optimizer"):
         assert f"{kind} meas/pred" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_check_rehearses_every_step_without_cuda_on_this_cpu(tmp_path):
+    """HW=cpu: the single-device study (model=tiny, fp32), its tables and fidelity, then step 5: the profiled
+    steps' own traces through python -m harness.trace, and HTA beside brigade on a public GPU trace."""
+    env = {**os.environ, "HW": "cpu", "LOGGER": "none", "RESULTS": str(tmp_path), "PY": sys.executable}
+    p = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=580, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert "== rehearsal on the CPU (HW=cpu): model tiny, precision fp32" in out
+    assert "gpu_single: strategy model compile" in out and "single tiny False |" in out
+    assert "== gpu_single: measured / predicted" in out
+    assert "steps from brigade's `brigade/step` annotations" in out and "trace_rank0.json: rank 0 of 1, cpu" in out
+    assert "| nccl_data.json.gz | 0 |" in out, out[-4000:]

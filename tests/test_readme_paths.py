@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TOP = ("harness", "lab", "conf", "docs", "tests", "models", "launch", "scripts", "hydra_plugins", "results")
-MENTION = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]+\.(?:py|yaml|md|sh|jsonl|json|txt|toml))\b" % "|".join(TOP))
+MENTION = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]+\.(?:py|yaml|md|sh|jsonl|json\.gz|json\.xz|json|txt|toml))\b" % "|".join(TOP))
 WRITTEN_BY_RUNS = re.compile(r"^results/(?!reference/|README\.md)|^conf/hardware/local/")
 # other projects' files, cited with their repository beside them
 EXTERNAL = {

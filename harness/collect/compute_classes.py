@@ -25,6 +25,7 @@ the model counts them as attention.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 # -- op kinds --------------------------------------------------------------------------------------
@@ -65,8 +66,9 @@ KEYS = tuple(f"compute_{c}_time_s" for c in CLASSES)
 
 _ATTENTION_KERNEL = re.compile(r"flash|fmha|attention|attn|sdpa", re.IGNORECASE)
 # cuBLAS (ampere_*gemm*, sm80/sm90_xmma_gemm_*, Hopper's nvjet_*, gemv, split-K reduce), CUTLASS, and
-# torch.compile's GEMM templates (triton_tem_fused_mm_0, ..._addmm_1, ..._bmm_2)
-_GEMM_KERNEL = re.compile(r"gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass|triton_tem_fused_\w*mm",
+# torch.compile's GEMM templates (triton_tem_fused_mm_0, ..._addmm_1, ..._bmm_2); not FBGEMM's embedding,
+# quantisation and permutation kernels (fbgemm_gpu::, its argument types in split_embedding_* kernels)
+_GEMM_KERNEL = re.compile(r"(?<!fb)gemm|gemv|nvjet|xmma|wgmma|s16816|s1688|splitkreduce|cutlass|triton_tem_fused_\w*mm",
                           re.IGNORECASE)
 # CPU: the aten operators the op kinds above name, and the outer operators and autograd nodes a trace nests
 # them in (aten::linear -> aten::addmm; `evaluate_function: MmBackward0` -> aten::mm)
@@ -78,13 +80,14 @@ _OPTIMIZER = re.compile(r"^Optimizer\.step#")
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
-def _span(evs):
+def span(evs) -> list:
+    """The union of events' [ts, ts + dur) intervals."""
     return union((e["ts"], e["ts"] + e["dur"]) for e in evs)
 
 
 def optimizer_window(events: list[dict]) -> list:
     """The host intervals of torch's optimizer-step annotations (any thread)."""
-    return _span([e for e in events if _OPTIMIZER.match(e.get("name", "")) and e.get("cat") != "gpu_user_annotation"])
+    return span([e for e in events if _OPTIMIZER.match(e.get("name", "")) and e.get("cat") != "gpu_user_annotation"])
 
 
 def _launched_inside(kernels: list[dict], events: list[dict], window: list) -> list[dict]:
@@ -116,6 +119,7 @@ def _last_start_before(starts: list[float], ts: float) -> int:
     return lo - 1
 
 
+@functools.cache  # a step launches the same few hundred kernels, with names of thousands of characters
 def kernel_class(name: str) -> str:
     """attention, gemm or elementwise by a CUDA kernel's name (the optimizer's are found by launch site)."""
     if _ATTENTION_KERNEL.search(name):
@@ -128,13 +132,13 @@ def split(compute: list, compute_ev: list[dict], events: list[dict], cuda: bool)
     if cuda:
         attention = [e for e in compute_ev if kernel_class(e["name"]) == "attention"]
         gemm = [e for e in compute_ev if kernel_class(e["name"]) == "gemm"]
-        optimizer = _span(_launched_inside(compute_ev, events, optimizer_window(events)))
+        optimizer = span(_launched_inside(compute_ev, events, optimizer_window(events)))
     else:
         attention = [e for e in compute_ev if _ATTENTION_OP.search(e["name"])]
         gemm = [e for e in compute_ev if _GEMM_OP.search(e["name"])]
         optimizer = optimizer_window(events)
     left, out = compute, {}
-    for name, ivs in (("attention", _span(attention)), ("gemm", _span(gemm)), ("optimizer", optimizer)):
+    for name, ivs in (("attention", span(attention)), ("gemm", span(gemm)), ("optimizer", optimizer)):
         mine = intersect(left, ivs)
         out[name] = length(mine)
         left = subtract(left, mine)

@@ -71,7 +71,8 @@ def report(path, trace: dict) -> str:
         out.append(f"  {'kind':14s} {'axis':7s} {'group':18s} {'n':>9s} {'message':>10s} {'calls':>6s} {'ms':>9s} "
                    f"{'busbw GB/s':>10s}")
         for r in a["collectives"]:
-            n = f"{r['group_size']}" + (" (world)" if r["group_size_from"] == "world" else "") if r["group_size"] else "?"
+            world = " (world)" if r["group_size_from"] == "world" else ""
+            n = f"{r['group_size']}{world}" if r["group_size"] else "?"
             bw = busbw_GBps(r)
             out.append(f"  {r['kind']:14s} {r['axis']:7s} {str(r['group'] or '?')[:18]:18s} {n:>9s} "
                        f"{_bytes(r['msg_bytes']):>10s} {r['count']:6.1f} {1e3 * r['time_s']:9.3f} "

@@ -84,7 +84,8 @@ def test_nccl_kernels_are_named_by_the_operator_that_launched_them():
     ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce_scatter"), ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t",
                                                                          "send_recv"),
     ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "send_recv"), ("nccl:send 0->1", "send"),
-    ("nccl:recv 1<-0", "recv"), ("nccl:_all_gather_base", "all_gather"), ("nccl:_reduce_scatter_base", "reduce_scatter"),
+    ("nccl:recv 1<-0", "recv"), ("nccl:_all_gather_base", "all_gather"),
+    ("nccl:_reduce_scatter_base", "reduce_scatter"),
     ("c10d::alltoall_base_", "all_to_all"), ("c10d::recv_", "recv"), ("allreduce", "all_reduce"),
     ("all_gather_into_tensor_coalesced", "all_gather"), ("ncclKernel_Broadcast_RING_LL_Sum_int8_t", "broadcast"),
 ])
@@ -100,7 +101,8 @@ def test_nccl_sizes_groups_and_bus_bandwidth_come_from_the_kernels_arguments():
     assert {r["kind"] for r in rows} == {"all_reduce", "broadcast"}
     assert {(r["group"], r["group_size"], r["group_size_from"]) for r in rows} == {("0 (default_pg)", 2, "group")}
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel" and "AllReduce" in e["name"]]
-    assert {4 * k["args"]["In msg nelems"] for k in kernels} == {r["msg_bytes"] for r in rows if r["kind"] == "all_reduce"}
+    sizes = {r["msg_bytes"] for r in rows if r["kind"] == "all_reduce"}
+    assert {4 * k["args"]["In msg nelems"] for k in kernels} == sizes
     for r in rows:
         if r["kind"] == "all_reduce":  # nccl-tests: busbw = 2(n-1)/n S / t; n = 2 -> S / t
             mine = [k for k in kernels if 4 * k["args"]["In msg nelems"] == r["msg_bytes"]]
@@ -162,4 +164,5 @@ def test_brigade_agrees_with_hta_or_the_row_says_why(side_by_side):
 @pytest.mark.slow
 def test_the_side_by_side_table_in_the_docs_is_what_the_command_writes(side_by_side):
     text = trace_vs_hta.DOC.read_text()
-    assert text == trace_vs_hta.doc(side_by_side, text), "docs/measurement.md is stale: python -m lab.trace_vs_hta --write"
+    assert text == trace_vs_hta.doc(side_by_side, text), \
+        "docs/measurement.md is stale: python -m lab.trace_vs_hta --write"

@@ -164,8 +164,8 @@ def _step_figures(name, w, compute, comm_all, busy, compute_ev, events, cuda) ->
 def _shares(fig: dict, step_s: float) -> dict:
     """Percentages of a step: of its window (comm, exposed, compute, idle) and of its communication (overlap)."""
     pct = lambda x, of: 100 * x / of if of else 0.0  # noqa: E731
-    return {"comm_share_pct": pct(fig["comm_time_s"], step_s), "comm_exposed_pct": pct(fig["comm_exposed_time_s"], step_s),
-            "compute_share_pct": pct(fig["compute_time_s"], step_s), "idle_pct": pct(fig["idle_time_s"], step_s),
+    parts = (("comm_share", "comm"), ("comm_exposed", "comm_exposed"), ("compute_share", "compute"), ("idle", "idle"))
+    return {**{f"{k}_pct": pct(fig[f"{t}_time_s"], step_s) for k, t in parts},
             "comm_overlap_pct": pct(fig["comm_overlapped_time_s"], fig["comm_time_s"])}
 
 

@@ -41,7 +41,7 @@ FLOORS = (
     ("parent", ("harness.run.job", "harness.run.ending", "harness.run.sweep", "harness.run.invocation",
                 "hydra_plugins.brigade_slurm", "hydra_plugins.brigade_sweeper", "hydra_plugins.brigade_sweeper.")),
     ("commands", ("harness.__main__", "harness.plan", "harness.predict", "harness.fidelity", "harness.calibrate",
-                  "harness.results", "harness.tools.", "lab", "lab.")),
+                  "harness.trace", "harness.results", "harness.tools.", "lab", "lab.")),
 )
 
 # Arrows back up a floor that stay, each with its reason: (importer, imported) -> why.

@@ -40,6 +40,7 @@ class LaunchResult:
     wall_s: float
     log_path: Path
     interrupted: str | None = None  # the signal that made the parent end the run (SIGTERM, ...)
+    taken_away: str | None = None  # why the scheduler ended the run ("preempted/requeued by SLURM (job J)")
     ended_at: float | None = None  # time.time() when the parent began ending the run (timeout/signal)
     oom_kills: int = 0  # rise of the kernel's oom_kill counter during the run (/proc/vmstat)
     leftovers: list[int] = field(default_factory=list)  # pids still there after SIGKILL (should be none)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,93 @@ def _job_state() -> str:
     return ""
 
 
+# -- an attempt that SLURM ended ----------------------------------------------------------------------
+# A requeue (`scontrol requeue`, or preemption in REQUEUE mode) signals every process of the job and
+# queues it again under the same id; SLURM_RESTART_COUNT tells the attempts apart, and each attempt has its
+# own run dir (harness/run/job.py) and record (env.slurm_job, env.slurm_restarts). A node that stops
+# answering for SlurmdTimeout is marked down and its jobs end NODE_FAIL, then are requeued too (JobRequeue=1,
+# SLURM's default). Neither is the run's fault: both are `interrupted`, and a resumed study runs them.
+# Who records it: the attempt itself when it can (a requeued attempt has KillWait after its SIGTERM);
+# else the next attempt, when it starts (lost_attempts); else, for a job SLURM did not requeue, the sweep
+# (hydra_plugins/brigade_slurm).
+
+def requeued_cause(job: str) -> str:
+    return f"preempted/requeued by SLURM (job {job})"
+
+
+def node_failed_cause(nodes: str, state: str) -> str:
+    return f"node {nodes} failed (SLURM state {state})"
+
+
+def _run_text(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def restart_count() -> int:
+    """Which attempt of its SLURM job this is: 0, then 1 after the first requeue, ..."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def taken_away(state: str) -> str | None:
+    """Inside a job whose ranks just ended: the cause when SLURM is taking this attempt away (its job
+    requeued or preempted), else None. SLURM counts the requeue (scontrol's Restarts) before it signals
+    the job, and sacct says REQUEUED or PREEMPTED while scontrol still says COMPLETING."""
+    job = slurm_job_id()
+    fields = dict(f.split("=", 1) for f in _run_text(["scontrol", "-o", "show", "job", job]).split() if "=" in f)
+    if state.startswith(("REQUEUED", "PREEMPTED")) or int(fields.get("Restarts") or 0) > restart_count():
+        return requeued_cause(job)
+    return None
+
+
+def outlast_attempt() -> None:
+    """When SLURM is ending this attempt (its job requeued or preempted), wait for its SIGKILL instead of
+    returning: submitit would save a returned result, and the sweep would take the job as done while
+    SLURM runs it again. The wait is bounded by the cluster's KillWait (the SIGTERM-to-SIGKILL delay),
+    twice over; after that the record already written is the job's."""
+    if taken_away(_job_state()) is None:
+        return
+    conf = {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in
+                                              _run_text(["scontrol", "show", "config"]).splitlines() if "=" in line)}
+    time.sleep(2 * float((conf.get("KillWait") or "30 sec").split()[0]))  # "5 sec"; SLURM's default is 30
+
+
+def attempt_cause(job: str, state: str, nodelist: str) -> str:
+    """Why an attempt of `job` that SLURM ended in `state` on `nodelist` ended, in the record's words."""
+    if state.startswith("NODE_FAIL"):
+        return node_failed_cause(failed_nodes(nodelist), state.split()[0])
+    return requeued_cause(job)
+
+
+def failed_nodes(nodelist: str) -> str:
+    """The nodes of an allocation that SLURM holds down or not responding now; the whole list when none
+    is (the node came back)."""
+    names = _run_text(["scontrol", "show", "hostnames", nodelist]).split()
+    rows = [line.split() for line in _run_text(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N %t"]).splitlines()]
+    down = sorted({n for n, t in (r for r in rows if len(r) == 2) if n in names and
+                   (t.endswith("*") or t.startswith(("down", "drain", "fail")))})
+    return ",".join(down) or nodelist
+
+
+def lost_attempts(records: list[dict]) -> list[tuple[int, str]]:
+    """In a restarted job: (attempt, cause) of each earlier attempt of this job that left no record
+    (records: the study's), its cause from sacct's row for that attempt (-D: one row per attempt)."""
+    restarts = restart_count()
+    if not restarts:
+        return []
+    job = slurm_job_id()
+    have = {int(r["env"].get("slurm_restarts") or 0) for r in records if (r.get("env") or {}).get("slurm_job") == job}
+    missing = [k for k in range(restarts) if k not in have]
+    if not missing:
+        return []
+    rows = [line.split("|") for line in _run_text(["sacct", "-n", "-X", "-D", "-P", "-j", job, "-o",
+                                                   "State,NodeList"]).splitlines()]
+    return [(k, attempt_cause(job, *rows[k]) if k < len(rows) and len(rows[k]) == 2 else requeued_cause(job))
+            for k in missing]
+
+
 def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchResult:
     """This node's ranks, under torchrun; called by harness.run.job.run_job in every task of the job."""
     if not in_slurm_job():
@@ -109,6 +197,7 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
                 f.write(f"\nbrigade: SLURM job {slurm_job_id()} is {state}\n")
         if state.startswith("TIMEOUT"):
             result.timed_out = True
+        result.taken_away = taken_away(state)
     return result
 
 

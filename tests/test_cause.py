@@ -97,6 +97,17 @@ def test_an_error_file_written_before_the_deadline_wins_over_timeout(tmp_path):
     assert cause.verdict(Run, late, r)[0] == "timeout"
 
 
+def test_a_run_slurm_took_away_is_interrupted_whatever_its_ranks_left(tmp_path):
+    """SLURM signalled every process (a requeue): the ranks' error files and torchrun's summary are its
+    doing, so the run is `interrupted` with SLURM's reason, not `failed` by the first rank that died."""
+    t = float(int(time.time()))
+    d = run_dir_with(tmp_path, [{"rank": 0, "time": t + 0.2, "message": "got signal: 15"}], summary_at=t, code=-15)
+    assert cause.verdict(Run, d, result(tmp_path))[0] == "failed"
+    taken = result(tmp_path, taken_away="preempted/requeued by SLURM (job 7)")
+    assert cause.verdict(Run, d, taken) == (
+        "interrupted", "preempted/requeued by SLURM (job 7); every process of the run ended")
+
+
 def test_an_oom_error_file_is_oom(tmp_path):
     d = run_dir_with(tmp_path, [{"rank": 0, "time": time.time(), "type": "OutOfMemoryError", "message": "CUDA out of memory", "out_of_memory": True}])
     assert cause.verdict(Run, d, result(tmp_path))[0] == "oom"

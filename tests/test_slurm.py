@@ -277,6 +277,122 @@ def test_two_invocations_of_one_study_submit_and_run_each_config_once(slurm_clus
     assert "holds it" in said or "already ok" in said, said[-3000:]
 
 
+# A run long enough to be caught mid-run (tiny takes tens of ms a step): SLURM's faults below land on it.
+LONG_RUN = [o for o in SLURM_FAST if not o.startswith("workload.steps")] + ["workload.steps=300", "strategy=ddp",
+                                                                              "parallel.dp=2"]
+
+
+def _sweep(results, study: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", "-m", "launcher=slurm", *LONG_RUN, f"study={study}", f"results_dir={results}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+
+
+def _running(results, study: str, timeout: float = 300) -> tuple[Path, str]:
+    """The run dir and SLURM job of the study's run once its ranks have started (their log exists)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in (results / "runs" / study).glob("*.slurm*/workers.log"):
+            time.sleep(3)  # into the timed steps
+            return log.parent, log.parent.name.rsplit(".slurm", 1)[1]
+        time.sleep(0.5)
+    raise AssertionError(f"no run of study {study} started within {timeout:.0f} s")
+
+
+def _start_now(cluster, job: str, timeout: float = 240) -> None:
+    """SLURM holds a requeued job back (its begin time 2 min on): let it start now, once it is pending."""
+    deadline = time.monotonic() + timeout
+    while cluster.run("squeue", "-h", "-j", job, "-o", "%T").strip() != "PENDING":
+        assert time.monotonic() < deadline, cluster.run("sacct", "-n", "-X", "-D", "-j", job)
+        time.sleep(1)
+    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+
+
+def _attempts(results, study: str) -> list[tuple[int, str, str]]:
+    return [(r["env"].get("slurm_restarts"), r["status"], r["error"] or "") for r in records(results, study)]
+
+
+def test_a_requeued_job_is_recorded_interrupted_and_runs_again(slurm_cluster, results):
+    """`scontrol requeue` of a running job (what preemption in REQUEUE mode does): SLURM signals every
+    process of the job and queues it again under the same id. The attempt is recorded `interrupted`,
+    "preempted/requeued by SLURM (job J)", not `failed`; the job's second attempt runs the config to ok."""
+    sweep = _sweep(results, "requeue")
+    try:
+        first_dir, job = _running(results, "requeue")
+        slurm_cluster.run("scontrol", "requeue", job)
+        _start_now(slurm_cluster, job)
+        out, _ = sweep.communicate(timeout=420)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]  # the config ended ok, in the job's second attempt
+    (a0, s0, e0), (a1, s1, e1) = _attempts(results, "requeue")
+    assert (a0, s0, a1, s1) == (0, "interrupted", 1, "ok"), _attempts(results, "requeue")
+    assert e0.startswith(f"preempted/requeued by SLURM (job {job})"), e0
+    assert {r["env"]["slurm_job"] for r in records(results, "requeue")} == {job}
+    assert not _processes_with(str(first_dir)), "ranks of the requeued attempt are still running"
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) if proc.name.isdigit() else None
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(proc.name))
+    out, todo = [], list(pids)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def test_a_job_lost_with_its_node_says_which_node(slurm_cluster, results):
+    """The node a job runs on dies: its slurmd and every process of the job are killed. SLURM marks the
+    node down after SlurmdTimeout (60 s), ends the job NODE_FAIL and requeues it (JobRequeue=1, its
+    default). The lost attempt is recorded `interrupted`, "node bnN failed (SLURM state NODE_FAIL)", by
+    the job's next attempt, on the other node, which then runs the config to ok."""
+    import signal
+
+    sweep = _sweep(results, "nodefail")
+    node = None
+    try:
+        run_dir, job = _running(results, "nodefail")
+        node = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").strip()
+        slurmd, = [p for n, p, e in _pids(slurm_cluster.state) if n == f"slurmd-{node}" and _alive(p, e)]
+        os.kill(slurmd, signal.SIGKILL)
+        ours = set(_processes_with(str(run_dir)))  # torchrun and the ranks name the run dir
+        # this job's slurmstepd (another cluster on the machine may run a job of the same number)
+        stepds = [p for p in _processes_with(f"slurmstepd: [{job}.") if ours & set(_descendants([p]))]
+        assert stepds, f"no slurmstepd of job {job} above the run's processes"
+        for pid in _descendants(stepds):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 240
+        while "NODE_FAIL" not in slurm_cluster.run("sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State"):
+            assert time.monotonic() < deadline, "SLURM never declared the node failed"
+            time.sleep(2)
+        _start_now(slurm_cluster, job)
+        out, _ = sweep.communicate(timeout=420)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        if node:  # the node back, for the tests after this one
+            up = _script("restart-node", node, env=slurm_cluster.env)
+            slurm_cluster.pids = _pids(slurm_cluster.state)
+            assert up.returncode == 0, up.stderr
+    assert sweep.returncode == 0, out[-3000:]
+    (a0, s0, e0), (a1, s1, e1) = _attempts(results, "nodefail")
+    assert (a0, s0, a1, s1) == (0, "interrupted", 1, "ok"), _attempts(results, "nodefail")
+    assert e0.startswith(f"node {node} failed (SLURM state NODE_FAIL)"), e0
+    assert not _processes_with(str(run_dir)), "processes of the lost attempt are still running"
+
+
 def test_cluster_stops_cleanly(slurm_cluster):
     """Last in this file: stop kills exactly the recorded daemons, and a second stop is a no-op."""
     stopped = _script("stop", env=slurm_cluster.env)

@@ -125,6 +125,8 @@ def launcher_death(result) -> tuple[Status, str] | None:
 
 def verdict(run, run_dir: Path, result) -> tuple[Status, str] | None:
     """(status, error) of a run that did not finish, or None when its measurement is there to read."""
+    if result.taken_away:  # the scheduler signalled every process: their deaths are its doing (launch/slurm.py)
+        return Status.INTERRUPTED, f"{result.taken_away}; every process of the run ended"
     death = first_death(run_dir, result)
     if death is not None:
         return death.status, death.error

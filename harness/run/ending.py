@@ -42,10 +42,11 @@ class Ending:
     def __getstate__(self):  # pickled into a SLURM job: a claim's fd belongs to this process
         return {**self.__dict__, "claims": Claims(), "outcomes": [], "ended": []}
 
-    def end(self, record: dict, label: str, results_dir: str) -> dict:
+    def end(self, record: dict, label: str, results_dir: str, release_claim: bool = True) -> dict:
         """The one place a run ends: its record appended (all or nothing), its claim released, its
         outcome noted for the exit status, its line printed. A record that cannot be written is said
-        (NOT RECORDED) and makes the invocation exit 1."""
+        (NOT RECORDED) and makes the invocation exit 1. release_claim=False: an earlier attempt of a
+        SLURM job recorded by the attempt that now runs the config (harness/run/job.py)."""
         path = results_file.records_path(results_dir, record["study"])
         try:
             results_file.append(path, record)
@@ -57,7 +58,8 @@ class Ending:
             self.count(record)
             print_summary(record, label)
         finally:
-            self.claims.release(claim_key(record["run_id"], record.get("repeat")))
+            if release_claim:
+                self.claims.release(claim_key(record["run_id"], record.get("repeat")))
         return record
 
     def count(self, record: dict) -> None:

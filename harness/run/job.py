@@ -65,12 +65,26 @@ def _slurm_job(run: RunConfig) -> str | None:
     return slurm_job_id()
 
 
-def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str) -> Path:
-    """One dir per SLURM job (a requeued job gets a new one: its restart count is in the name)."""
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    d = rundir.runs_dir(run.results_dir, run.study) / f"{name}.slurm{slurm_job}{f'.r{restarts}' if restarts else ''}"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+def _slurm_run_dir(run: RunConfig, name: str, slurm_job: str, attempt: int) -> Path:
+    """One dir per attempt of a SLURM job (a requeued job gets a new one: its restart count is in the name)."""
+    return rundir.runs_dir(run.results_dir, run.study) / f"{name}.slurm{slurm_job}{f'.r{attempt}' if attempt else ''}"
+
+
+def _record_lost_attempts(run: RunConfig, config: dict, dims: ParallelDims, predicted: dict, name: str,
+                          slurm_job: str, label: str, run_ends: Ending) -> None:
+    """A restarted SLURM job's earlier attempts that left no record (their node died, or SLURM's SIGKILL
+    came before the record was written) each get their `interrupted` record now, before this attempt
+    runs (launch/slurm.py says who records what)."""
+    from launch.slurm import lost_attempts, task_rank
+
+    if task_rank() != 0:
+        return
+    for attempt, why in lost_attempts(results_file.read(results_file.records_path(run.results_dir, run.study))):
+        d = _slurm_run_dir(run, name, slurm_job, attempt)
+        record = rec.make_record(config, run, dims, Status.INTERRUPTED, f"{why}; recorded when the job restarted",
+                                 predicted=predicted, env={"slurm_job": slurm_job, "slurm_restarts": attempt},
+                                 run_dir=d if d.is_dir() else None)
+        run_ends.end(record, label, run.results_dir, release_claim=False)  # this attempt runs the config now
 
 
 class Task:
@@ -162,19 +176,32 @@ def _run(cfg: DictConfig, run_ends: Ending, known: _KnownSoFar, t0: float) -> di
     name = f"{slug(label)[:80]}-{rec.run_id(config)}"  # what the run is, then which exact config
     name += f"-r{run.repeat}" if run.repeat else ""
     slurm_job = _slurm_job(run)
-    # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
-    # the run dir without talking, so it is named after the SLURM job, not an attempt counter, and
-    # its files are written atomically (all nodes write the same content; workers read them).
-    run_dir = _slurm_run_dir(run, name, slurm_job) if slurm_job else _fresh_run_dir(run.results_dir, run.study, name)
+    if slurm_job:
+        from launch.slurm import restart_count
+
+        attempt = restart_count()
+        _record_lost_attempts(run, config, dims, predicted, name, slurm_job, label, run_ends)
+        # launcher=slurm: every node's task runs this function (launch/README.md). They must agree on
+        # the run dir without talking, so it is named after the SLURM job and attempt, not a counter, and
+        # its files are written atomically (all nodes write the same content; workers read them).
+        run_dir = _slurm_run_dir(run, name, slurm_job, attempt)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = _fresh_run_dir(run.results_dir, run.study, name)
     known.run_dir = run_dir
     write_atomic(run_dir / rundir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(config)))
     write_atomic(run_dir / rundir.PREDICTION, json.dumps(predicted, indent=1))
     start_git_probe()
     status, error, measured, env = _launch_and_collect(run, dims, run_dir, label, run_ends)
-    if slurm_job:  # names the job in the record (the sweep looks for it when the job was killed)
-        env = {**env, "slurm_job": slurm_job}
+    if slurm_job:  # names the job and attempt in the record (the sweep and a restarted job look for them)
+        env = {**env, "slurm_job": slurm_job, "slurm_restarts": attempt}
     record = rec.make_record(config, run, dims, status, error, measured, predicted, env, run_dir, time.monotonic() - t0)
-    return _finish(record, run, run_dir, label, run_ends, known)
+    record = _finish(record, run, run_dir, label, run_ends, known)
+    if slurm_job and status == Status.INTERRUPTED:
+        from launch.slurm import outlast_attempt
+
+        outlast_attempt()  # SLURM requeued the job: its next attempt, not this one, answers the sweep
+    return record
 
 
 def _claim(run: RunConfig, key: str, run_ends: Ending) -> str | None:

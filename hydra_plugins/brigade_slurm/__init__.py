@@ -25,7 +25,9 @@ from launch.slurm import (
     SlurmJobFailed,
     SlurmJobSignalled,
     _minutes_left,
+    attempt_cause,
     job_resources,
+    requeued_cause,
     slurm_job_id,
 )
 
@@ -141,7 +143,7 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
         return [(i, job) for i, job in in_flight if job.done()]
 
     def _outcome(self, job, overrides, task_cfg):
-        """The job's JobReturn; a job that ended without one gets its `failed`/`timeout` record here."""
+        """The job's JobReturn; a job that ended without one gets its record here (_record_lost)."""
         from hydra.core.utils import JobReturn
 
         task0 = job.task(0) if job.num_tasks > 1 else job  # only task 0 writes the record
@@ -163,12 +165,22 @@ class BrigadeSlurmLauncher(SubmititSlurmLauncher):
             timed_out = state.startswith("TIMEOUT")
         record = _record_of_job(task_cfg, job.job_id)
         if record is None:  # the usual case; else the task wrote it and was killed before returning
-            from harness.run.record import Status
-            from harness.run.sweep import launcher_failure
-
-            record = launcher_failure(self.task_function.run_ends, task_cfg, error,
-                                      status=Status.TIMEOUT if timed_out else Status.FAILED)
+            record = self._record_lost(job.job_id, state, error, timed_out, task_cfg)
         return JobReturn(overrides=list(overrides), cfg=task_cfg, status=_completed(), _return_value=record)
+
+    def _record_lost(self, job_id: str, state: str, error: Exception, timed_out: bool, task_cfg) -> dict:
+        """The record of a job that ended without one: `interrupted` when SLURM took it away and did not
+        requeue it (its node failed, it was preempted: launch/slurm.py), else by the rule for a job that
+        raised (harness/run/cause.py: `failed`, or `timeout` when its time limit ended it)."""
+        from harness.run.record import Status
+        from harness.run.sweep import launcher_failure, unlaunched
+
+        run_ends = self.task_function.run_ends
+        if state.startswith(("NODE_FAIL", "PREEMPTED")):
+            return unlaunched(run_ends, task_cfg, Status.INTERRUPTED, attempt_cause(job_id, state, _sacct_nodes(job_id)))
+        if isinstance(error, SlurmJobSignalled) and not timed_out:
+            return unlaunched(run_ends, task_cfg, Status.INTERRUPTED, f"{requeued_cause(job_id)}: {error}")
+        return launcher_failure(run_ends, task_cfg, error, status=Status.TIMEOUT if timed_out else Status.FAILED)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit in the job when SLURM's warning signal arrives (signal_delay_s before
@@ -236,11 +248,29 @@ def _resources_or_none(task_cfg) -> dict | None:
         return None
 
 
-def _record_of_job(task_cfg, job_id: str) -> dict | None:
-    """The record a SLURM job's task appended, if any (env.slurm_job names the job)."""
+def _sacct_attempts(job_id: str, field: str) -> list[str]:
+    """`field` of each attempt of the job, first to last (sacct -D: one row per attempt)."""
+    import subprocess
 
+    try:
+        return subprocess.run(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", field], capture_output=True,
+                              text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def _sacct_nodes(job_id: str) -> str:
+    """The nodes of the job's last attempt, as sacct lists them (bn[1-2])."""
+    return (_sacct_attempts(job_id, "NodeList") or ["?"])[-1]
+
+
+def _record_of_job(task_cfg, job_id: str) -> dict | None:
+    """The record the job's last attempt appended, if any (env.slurm_job and env.slurm_restarts name it; an
+    earlier attempt's record, of a requeue, is not this attempt's)."""
+    last = max(len(_sacct_attempts(job_id, "State")) - 1, 0)
     path = records_path(task_cfg.get("results_dir", "results"), task_cfg.get("study", ADHOC_STUDY))
     for r in reversed(read(path)):
-        if (r.get("env") or {}).get("slurm_job") == job_id:
+        env = r.get("env") or {}
+        if env.get("slurm_job") == job_id and int(env.get("slurm_restarts") or 0) == last:
             return r
     return None

@@ -4,6 +4,7 @@
 #   launch/slurm/local_cluster.sh start [--nodes N]   # N = 1 or 2 virtual nodes (default 2)
 #   launch/slurm/local_cluster.sh status
 #   launch/slurm/local_cluster.sh stop
+#   launch/slurm/local_cluster.sh restart-node NODE   # start a node's slurmd again after it died
 #
 # start: installs the Debian packages if missing (apt-get update once), writes slurm.conf and
 # slurmdbd.conf under $BRIGADE_SLURM_DIR (default /tmp/brigade-slurm), then starts, each in the
@@ -392,6 +393,25 @@ cmd_stop() {
   log "stopped"
 }
 
+cmd_restart_node() {  # a node whose slurmd died (a node-failure test): its slurmd again, the node idle
+  local node=${1:?restart-node needs a node name (bn1, bn2)} pid exe t0
+  exec 9>"$STATE/lock"
+  flock -w 120 9 || die "another start/stop holds $STATE/lock"
+  read -r _ pid exe < <(grep "^slurmd-$node " "$PIDS" 2>/dev/null | tail -1) || die "no slurmd-$node in $PIDS"
+  alive "$pid" "$exe" && { log "slurmd-$node ($pid) is running"; return 0; }
+  grep -v "^slurmd-$node " "$PIDS" >"$PIDS.new" || true
+  mv "$PIDS.new" "$PIDS"
+  start_bg "slurmd-$node" "$(command -v slurmd)" "$STATE/log/slurmd-$node.out" "$(command -v slurmd)" -D -N "$node" -f "$CONF"
+  t0=$SECONDS
+  until sinfo -h -n "$node" -o '%t' 2>/dev/null | grep -qx idle; do
+    ((SECONDS - t0 > 90)) && die "node $node not idle within 90s: $(sinfo -h -n "$node" -o '%t %E')"
+    # ReturnToService=2 returns a DOWN node once its slurmd registers; a drained one needs RESUME
+    sinfo -h -n "$node" -o '%t' 2>/dev/null | grep -q '^drain' && scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1
+    sleep 0.5
+  done
+  log "slurmd-$node up again, node idle"
+}
+
 cmd_status() {
   if all_alive; then
     log "running in $STATE"
@@ -416,5 +436,6 @@ case ${1:-} in
   start) shift; cmd_start "$@" ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  *) echo "usage: $0 start [--nodes N] | stop | status" >&2; exit 64 ;;
+  restart-node) shift; cmd_restart_node "$@" ;;
+  *) echo "usage: $0 start [--nodes N] | stop | status | restart-node NODE" >&2; exit 64 ;;
 esac

@@ -204,6 +204,20 @@ class LoggerConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """The training runtime whose behaviour the cost model prices (conf/runtime/): brigade's own, which it
+    launches, or another that measured runs were made with (priced only: a run with it is refused at launch).
+    Each field says what the runtime does, not how fast a machine is; the values and their sources are in
+    the runtime's yaml."""
+    name: str = "brigade"
+    # how pipeline stages get their blocks: even (models/pipeline_split.py) | compute_balanced (nanotron:
+    # blocks in order, a stage closed once the running sum of its blocks' estimated compute passes its share;
+    # the head and the loss are blocks of their own, so they may land on a stage before the last)
+    pipeline_split: str = "even"
+    source: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class PlanConfig:
     gpus: int = 8
     top_k: int = 10
@@ -224,6 +238,7 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     study: str = ADHOC_STUDY  # records go to <results_dir>/<study>.jsonl
     series: str = ""  # the scaling series a study run belongs to (e.g. strong, weak): the report's curves and fits
     repeats: int = 1  # a sweep runs its configs this many times round-robin (A B C A B C ...): harness/collect/aggregate.py

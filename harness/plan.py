@@ -118,7 +118,8 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
         if key not in knob_cache:
             # the strategy's own conf/strategy/<name>.yaml values (zero stage, resharding), then the layout's
             base = replace(run.strategy, **{"zero_stage": 0, **strategy_defaults(name)})
-            knob_cache[key] = StrategyKnobs.of(replace(base, name=name, schedule=schedule, engine="torch", **extra))
+            knob_cache[key] = StrategyKnobs.of(replace(base, name=name, schedule=schedule, engine="torch", **extra),
+                                                run.runtime)
         return knob_cache[key]
 
     feasible, evaluated, over_memory, t0 = [], 0, 0, time.perf_counter()

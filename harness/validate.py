@@ -13,6 +13,7 @@ from pathlib import Path
 from harness import catalog
 from harness.config import CONF_DIR, RunConfig, check_domains
 from harness.dims import MESH_AXES, ConfigError, ParallelDims
+from models.pipeline_split import compute_balanced_split, nanotron_block_costs
 
 # Imports inside functions: torch and what imports it, which the parent process never loads.
 
@@ -92,6 +93,7 @@ def validate(run: RunConfig, torch_runs: bool = True) -> ParallelDims:
                           f"strategy.loss_parallel=true they are vocabulary-sharded DTensors (torch's loss_parallel "
                           f"runs its own cross-entropy): set strategy.loss_parallel=false or model.loss=fp32")
     _validate_stage_layers(m.n_layers, dims, s)
+    _validate_runtime(run, dims, torch_runs)
     if m.attention not in catalog.ATTENTIONS:
         raise ConfigError(f"unknown model.attention '{m.attention}'; available: {', '.join(catalog.ATTENTIONS)}")
     if m.n_experts:
@@ -248,6 +250,31 @@ def _validate_stage_layers(n_layers: int, dims, s) -> None:
     if s.engine == "deepspeed" and dims.pp > 1 and (s.stage_layers or n_layers % stages):
         raise ConfigError(f"engine deepspeed splits a pipeline evenly only: n_layers {n_layers} % pp*vpp {stages} = "
                           f"{n_layers % stages}" + (", strategy.stage_layers set" if s.stage_layers else ""))
+
+
+PIPELINE_SPLITS = ("even", "compute_balanced")  # harness/config.py RuntimeConfig.pipeline_split
+
+
+def _validate_runtime(run: RunConfig, dims, torch_runs: bool) -> None:
+    """Another runtime than brigade's is priced, never launched (conf/runtime/); its pipeline split must give every
+    stage a block, as the runtime itself needs (models/pipeline_split.py compute_balanced_split)."""
+    rt, m = run.runtime, run.model
+    if rt.pipeline_split not in PIPELINE_SPLITS:
+        raise ConfigError(f"unknown runtime.pipeline_split '{rt.pipeline_split}'; available: {', '.join(PIPELINE_SPLITS)}")
+    if torch_runs and rt.name != "brigade":
+        raise ConfigError(f"runtime={rt.name} is priced by the cost model only: brigade launches its own runtime "
+                          f"(runtime=brigade); python -m harness.predict prices it")
+    if rt.pipeline_split != "compute_balanced" or dims.pp <= 1:
+        return
+    if dims.vpp > 1 or run.strategy.stage_layers:
+        raise ConfigError(f"runtime {rt.name} splits one stage per pp rank by its own rule: vpp {dims.vpp} and "
+                          f"strategy.stage_layers {list(run.strategy.stage_layers)} have no meaning there")
+    layer, head = nanotron_block_costs(m.d_model, m.d_ff, m.vocab_size)
+    counts, head_stage, _, loss_stage, last = compute_balanced_split(m.n_layers, dims.pp, layer, head)
+    if last < dims.pp - 1:
+        raise ConfigError(f"runtime {rt.name}'s pipeline split leaves pp ranks {last + 1}..{dims.pp - 1} without a "
+                          f"block: {m.n_layers} layers of cost {layer:.3g} and a head of {head:.3g} over pp {dims.pp} put "
+                          f"{list(counts)} layers on the ranks, the head on rank {head_stage}, the loss on rank {loss_stage}")
 
 
 def _validate_torch_pipeline(run: RunConfig) -> None:

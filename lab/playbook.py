@@ -66,11 +66,10 @@ NOT_EXPRESSED = (
     "20 rows whose gbs_seqs column (256) is not dp x mbs x grad_acc: they are mapped to the product, the batch "
     "their degrees and accumulation process and whose tokens nanotron's tokens/s counts",
 )
-MODEL_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len")
-INT_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "gpus", "nodes", "dp", "tp", "pp",
-               "zero_stage", "mbs", "grad_acc", "gbs_seqs", "gbs_tokens")
+TEXT_COLUMNS = ("model_label", "embeddings", "status")  # every other column is a number: FLOAT_COLUMNS, else an integer
 FLOAT_COLUMNS = ("n_params_B", "mfu_pct_reported", "tok_s_gpu", "tok_s_total", "mem_GB_rank0")
 GPUS_PER_NODE = 8  # p5.48xlarge (lab/playbook_dev_runs.csv's `nodes` = gpus / 8)
+RAN = "ok"  # the sweep's status column: ok | crashed_or_oom (its own words, not a brigade run status); load's `ran`
 
 
 def load(path: Path = DATA) -> list[dict]:
@@ -79,11 +78,12 @@ def load(path: Path = DATA) -> list[dict]:
         rows = list(csv.DictReader(f))
     out = []
     for i, r in enumerate(rows):
-        row = {**r, "index": i}
-        for k in INT_COLUMNS:
-            row[k] = int(r[k])
-        for k in FLOAT_COLUMNS:
-            row[k] = float(r[k]) if r[k] not in ("", None) else None
+        row = {**r, "index": i, "ran": r["status"] == RAN}
+        for k in r:
+            if k in FLOAT_COLUMNS:
+                row[k] = float(r[k]) if r[k] not in ("", None) else None
+            elif k not in TEXT_COLUMNS:
+                row[k] = int(r[k])
         out.append(row)
     return out
 
@@ -116,7 +116,7 @@ def strategy_overrides(row: dict) -> list[str]:
 
 def overrides(row: dict) -> list[str]:
     tied = row["embeddings"] == "tied" and row["pp"] == 1  # NOT_EXPRESSED: tied at pp > 1 runs as two copies
-    return ["hardware=h100_sxm", "hardware/fabric=efa_p5", "model=gpt_7b", f"model.name=playbook_{row['model_label']}",
+    return ["hardware=h100_sxm", "hardware/fabric=efa_p5", "runtime=nanotron", "model=gpt_7b", f"model.name=playbook_{row['model_label']}",
             f"model.n_layers={row['layers']}", f"model.d_model={row['hidden']}", f"model.n_heads={row['heads']}",
             f"model.n_kv_heads={row['kv_heads']}", f"model.d_ff={row['ffn']}", f"model.vocab_size={row['vocab']}",
             f"model.seq_len={row['seq_len']}", "model.norm=rmsnorm", "model.mlp=swiglu", "model.position=rope",
@@ -137,7 +137,8 @@ def rank0_peak_bytes(run, dims) -> float:
     """The peak of pipeline rank 0 (the rank the sweep's memory column reads): the cost model's peak with
     the first pp rank alone (harness/costmodel/memory_peak.py takes the worst of the ranks it is given)."""
     w = run.workload
-    lo = layout(Model.of(run.model), Hardware.of(run.hardware), StrategyKnobs.of(run.strategy), dims.dp, dims.tp, dims.pp,
+    lo = layout(Model.of(run.model), Hardware.of(run.hardware), StrategyKnobs.of(run.strategy, run.runtime), dims.dp, dims.tp,
+                dims.pp,
                 dims.vpp, dims.ep, w.precision, run.launcher.nodes)
     first = replace(lo, ranks=[r for r in lo.ranks if r.pp_rank == 0])
     return memory_peak(first, w.micro_batch_size, num_microbatches(run, dims), w.activation_checkpointing).peak_bytes
@@ -147,7 +148,7 @@ def predict_row(row: dict, compose) -> dict:
     """The row's measured and predicted figures (predicted ones None where brigade refuses the layout)."""
     out = {"index": row["index"], "model": row["model_label"], "nodes": row["nodes"], "gpus": row["gpus"],
            "dp": row["dp"], "tp": row["tp"], "pp": row["pp"], "zero": row["zero_stage"], "mbs": row["mbs"],
-           "grad_acc": row["grad_acc"], "status": row["status"], "family": family(row),
+           "grad_acc": row["grad_acc"], "status": row["status"], "ran": row["ran"], "family": family(row),
            "crosses_nodes": crosses_nodes(row), "measured_tokens_per_s_per_gpu": row["tok_s_gpu"],
            "measured_mem_GiB": row["mem_GB_rank0"], "refused": None, "predicted_tokens_per_s_per_gpu": None,
            "fits_in_memory": None, "predicted_mem_GiB": None, "ratio": None, "mem_ratio": None}
@@ -160,7 +161,7 @@ def predict_row(row: dict, compose) -> dict:
     mem = rank0_peak_bytes(run, dims) / 1024**3
     out.update(predicted_tokens_per_s_per_gpu=pred["tokens_per_s_per_device"], fits_in_memory=pred["fits_in_memory"],
                predicted_mem_GiB=mem, step_time_s=pred["step_time_s"])
-    if row["status"] == "ok":
+    if row["ran"]:
         out["ratio"] = pred["tokens_per_s_per_device"] / row["tok_s_gpu"]
         out["mem_ratio"] = mem / row["mem_GB_rank0"]
     return out
@@ -189,19 +190,19 @@ def throughput_errors(rs: list[dict]) -> dict:
 def group_verdict(rs: list[dict]) -> dict:
     """One (model, node count) group as the planner would rank it (module docstring)."""
     fit = [r for r in rs if r["fits_in_memory"]]
-    measured = [r["measured_tokens_per_s_per_gpu"] for r in rs if r["status"] == "ok"]
+    measured = [r["measured_tokens_per_s_per_gpu"] for r in rs if r["ran"]]
     if not fit or not measured:
         return {"n": len(rs), "n_ranked": len(fit), "pick": None}
     best = max(measured)
     pick = max(fit, key=lambda r: r["predicted_tokens_per_s_per_gpu"])
-    got = pick["measured_tokens_per_s_per_gpu"] if pick["status"] == "ok" else 0.0
-    ranked = [r for r in fit if r["status"] == "ok"]
+    got = pick["measured_tokens_per_s_per_gpu"] if pick["ran"] else 0.0
+    ranked = [r for r in fit if r["ran"]]
     rho = (spearman([r["predicted_tokens_per_s_per_gpu"] for r in ranked],
                     [r["measured_tokens_per_s_per_gpu"] for r in ranked]) if len(ranked) > 1 else float("nan"))
-    best_row = max((r for r in rs if r["status"] == "ok"), key=lambda r: r["measured_tokens_per_s_per_gpu"])
+    best_row = max((r for r in rs if r["ran"]), key=lambda r: r["measured_tokens_per_s_per_gpu"])
     # the measured best's place in the predicted ranking (a `plan --run-top K` with K at least this runs it)
     pick_rank = 1 + sum(r["predicted_tokens_per_s_per_gpu"] > best_row["predicted_tokens_per_s_per_gpu"] for r in fit)
-    return {"n": len(rs), "n_ranked": len(ranked), "pick": layout_label(pick), "pick_status": pick["status"],
+    return {"n": len(rs), "n_ranked": len(ranked), "pick": layout_label(pick), "pick_ran": pick["ran"],
             "pick_measured": got, "best": layout_label(best_row), "best_measured": best,
             "within_10_pct": got >= (1 - WITHIN) * best, "regret": 1 - got / best, "rho": rho,
             "best_predicted_rank": pick_rank if best_row["fits_in_memory"] else None}
@@ -215,8 +216,8 @@ def groups(results: list[dict]) -> dict:
 
 def summary(results: list[dict]) -> dict:
     """The figures the issue's done-when asks for, over the whole development half."""
-    ok = [r for r in results if r["status"] == "ok"]
-    crashed = [r for r in results if r["status"] != "ok"]
+    ok = [r for r in results if r["ran"]]
+    crashed = [r for r in results if not r["ran"]]
     mem = sorted(abs(r["mem_ratio"] - 1) for r in ok if r["mem_ratio"] is not None)
     gs = [g for g in groups(results).values() if g["pick"] is not None]
     regrets = sorted(g["regret"] for g in gs)
@@ -224,7 +225,7 @@ def summary(results: list[dict]) -> dict:
         "throughput": throughput_errors(ok),
         "memory_median_abs_err_pct": 100 * quantile(mem, 0.5) if mem else None,
         "memory_p90_abs_err_pct": 100 * quantile(mem, 0.9) if mem else None,
-        "ok": len(ok), "ok_predicted_to_fit": sum(bool(r["fits_in_memory"]) for r in ok),
+        "ran": len(ok), "ok_predicted_to_fit": sum(bool(r["fits_in_memory"]) for r in ok),
         "crashed": len(crashed), "crashed_refused": sum(r["refused"] is not None for r in crashed),
         "crashed_predicted_not_to_fit": sum(r["fits_in_memory"] is False for r in crashed),
         "groups": len(gs), "groups_within_10_pct": sum(g["within_10_pct"] for g in gs),
@@ -265,7 +266,7 @@ def print_report(results: list[dict], rows: bool) -> None:
     t = s["throughput"]
     print(f"\nok rows: throughput median |error| {t['median_abs_err_pct']:.1f} %, p90 {t['p90_abs_err_pct']:.1f} % "
           f"({t['n']} rows); rank-0 memory median |error| {s['memory_median_abs_err_pct']:.1f} %; "
-          f"{s['ok_predicted_to_fit']} of {s['ok']} ok rows predicted to fit; crashed rows: "
+          f"{s['ok_predicted_to_fit']} of {s['ran']} ok rows predicted to fit; crashed rows: "
           f"{s['crashed_predicted_not_to_fit']} predicted not to fit + {s['crashed_refused']} refused of {s['crashed']}; "
           f"groups: pick within 10 % in {s['groups_within_10_pct']} of {s['groups']}, median regret "
           f"{s['median_regret_pct']:.1f} %, median rho {s['median_rho']:.2f}")

@@ -166,16 +166,16 @@ def layout_label(row: dict) -> str:
 
 
 def caching_compose():
-    """compose_run per distinct (hardware, strategy) once; the rest of a row is replaced in place."""
+    """compose_run per distinct (hardware, strategy, runtime) once; the rest of a row is replaced in place."""
     cache: dict = {}
 
     def compose(ovr: list[str]):
-        fixed = [o for o in ovr if o.startswith(("hardware", "strategy"))]
+        fixed = [o for o in ovr if o.startswith(("hardware", "strategy", "runtime"))]
         key = tuple(fixed)
         if key not in cache:
             cache[key] = compose_run(fixed + ["model=gpt_7b", "logger=none"])
         run = cache[key]
-        vals = dict(o.split("=", 1) for o in ovr if not o.startswith(("hardware", "strategy", "model=", "logger=")))
+        vals = dict(o.split("=", 1) for o in ovr if not o.startswith(("hardware", "strategy", "runtime", "model=", "logger=")))
         m = replace(run.model, **{k[6:]: _typed(getattr(run.model, k[6:]), v) for k, v in vals.items()
                                   if k.startswith("model.")})
         p = replace(run.parallel, **{k[9:]: int(v) for k, v in vals.items() if k.startswith("parallel.")})

@@ -5,7 +5,8 @@ count allows: n_layers // num_stages each, and the first n_layers % num_stages s
 layers on 8 stages: 4 4 4 4 3 3 3 3; Llama 3 405B's 126 on 16: fourteen of 8, two of 7). The first stages
 take the extra layers because the last one already carries the head and the loss. An explicit split
 (strategy.stage_layers, one count per stage, e.g. [3, 4, 4, 4, 4, 4, 4, 1] to leave the head's stage
-lighter) replaces the rule; harness/validate.py checks it adds up. The pieces that are not blocks are
+lighter) replaces the rule; harness/validate.py checks it adds up. Another runtime's rule, priced by the cost
+model only (conf/runtime/): nanotron's compute-balanced split (compute_balanced_split). The pieces that are not blocks are
 placed by a fixed rule:
 
     stage 0            : tok_emb + pos_emb (+ dropout) + its blocks     input: token ids (B, T)
@@ -42,6 +43,34 @@ def stage_layer_counts(n_layers: int, num_stages: int, explicit: tuple = ()) -> 
         return tuple(int(c) for c in explicit)
     per, extra = divmod(n_layers, num_stages)
     return tuple(per + (s < extra) for s in range(num_stages))
+
+
+@functools.lru_cache(maxsize=4096)
+def compute_balanced_split(n_layers: int, n_stages: int, layer_cost: float, head_cost: float) -> tuple:
+    """nanotron's pipeline split (src/nanotron/models/base.py build_model; conf/runtime/nanotron.yaml): the
+    blocks embedding, n_layers decoder layers, final norm, head, fp32 cast and loss, in that order, with
+    estimated costs 0, layer_cost each, 0, head_cost, 0, 0; each block goes to the current stage, and the stage
+    closes once the running sum of costs passes (stage + 1) / n_stages of the total. Returns (decoder layers
+    per stage, the stage holding the final norm and head, the fp32 cast's, the loss's, the last stage holding
+    a block). Stages after the head's hold only the cast, the loss, or nothing."""
+    blocks = [0.0] + [layer_cost] * n_layers + [0.0, head_cost, 0.0, 0.0]
+    total = layer_cost * n_layers + head_cost
+    counts, stage, running, placed = [0] * n_stages, 0, 0.0, []
+    for i, cost in enumerate(blocks):
+        running += cost
+        placed.append(stage)
+        if 1 <= i <= n_layers:
+            counts[stage] += 1
+        if running > total * (stage + 1) / n_stages:
+            stage += 1
+    return tuple(counts), placed[n_layers + 2], placed[n_layers + 3], placed[-1], max(placed)
+
+
+def nanotron_block_costs(h: int, d_ff: int, vocab: int) -> tuple[float, float]:
+    """nanotron's estimate of a decoder layer's and the head's compute (LlamaForTraining.get_block_compute_costs,
+    src/nanotron/models/llama.py): 4 n_heads d_head h + 3 d_ff h = 4 h^2 + 3 h d_ff, and V h."""
+    V = vocab
+    return 4.0 * h * h + 3.0 * h * d_ff, float(V * h)
 
 
 def stage_splits(n_layers: int, num_stages: int, explicit: tuple = ()) -> list[StageSplit]:

@@ -94,7 +94,8 @@ STATUS_VALUES = {s.value for s in Status}
 # Literals spelled like a status that are not one, each with its reason.
 NOT_A_STATUS = {("harness/config.py", "failed"): "rerun=failed: the option's value (which runs to run again)",
                 ("harness/run/results_file.py", "failed"): "rerun=failed, compared where resume reads it",
-                ("harness/run/cause.py", "timeout"): "coreutils `timeout`: the command's name (stop_cause)"}
+                ("harness/run/cause.py", "timeout"): "coreutils `timeout`: the command's name (stop_cause)",
+                ("lab/playbook.py", "ok"): "the Playbook sweep's own status column (ok | crashed_or_oom), read once (RAN)"}
 
 
 def status_literals(path: Path) -> list[tuple[int, str]]:

@@ -17,14 +17,14 @@ def test_the_development_half_is_whole_and_only_it():
     rows = playbook.load()
     assert len(rows) == 1641
     assert {r["model_label"] for r in rows} == {"1B", "8B"}
-    assert sum(r["status"] == "ok" for r in rows) == 1027
+    assert sum(r["ran"] for r in rows) == 1027
     # the batch column says 256 everywhere; 20 rows' degrees and accumulation process another (NOT_EXPRESSED)
     assert {r["gbs_seqs"] for r in rows} == {256}
     assert sum(playbook.batch_sequences(r) != 256 for r in rows) == 20
     for r in rows:
         assert r["gpus"] == r["dp"] * r["tp"] * r["pp"] == 8 * r["nodes"]
-        assert r["status"] in ("ok", "crashed_or_oom")
-        assert (r["tok_s_gpu"] > 0) == (r["status"] == "ok")
+        assert r["ran"] or r["status"] == "crashed_or_oom"
+        assert (r["tok_s_gpu"] > 0) == r["ran"]
 
 
 def test_rows_map_to_the_runtime_as_it_ran():
@@ -45,22 +45,24 @@ def test_rows_map_to_the_runtime_as_it_ran():
 
 
 def test_every_ok_row_is_predicted_and_every_crashed_row_checked(results):
-    ok = [r for r in results if r["status"] == "ok"]
-    assert all(r["refused"] is None and r["predicted_tokens_per_s_per_gpu"] > 0 and r["mem_ratio"] > 0 for r in ok)
+    ok = [r for r in results if r["ran"]]
+    # nanotron's split leaves 1B's pp 16 rank 15 without a block: refused (65 of those 66 runs crashed, one ran)
+    refused = [r for r in ok if r["refused"] is not None]
+    assert [(r["model"], r["pp"]) for r in refused] == [("1B", 16)] and "without a block" in refused[0]["refused"]
+    assert all(r["predicted_tokens_per_s_per_gpu"] > 0 and r["mem_ratio"] > 0 for r in ok if r not in refused)
     for r in results:
-        if r["status"] != "ok":  # checked: refused with the arithmetic, or a fit verdict
+        if not r["ran"]:  # checked: refused with the arithmetic, or a fit verdict
             assert (r["refused"] is None) == (r["fits_in_memory"] is not None)
 
 
 def test_a_group_verdict_is_the_planners_pick_among_what_fits():
-    def row(pred, meas, fits=True, status="ok"):
-        return {"predicted_tokens_per_s_per_gpu": pred, "measured_tokens_per_s_per_gpu": meas if status == "ok" else None,
-                "fits_in_memory": fits, "status": status, "dp": 1, "tp": 1, "pp": 1, "zero": 0, "mbs": 1,
+    def row(pred, meas, fits=True, ran=True):
+        return {"predicted_tokens_per_s_per_gpu": pred, "measured_tokens_per_s_per_gpu": meas if ran else None,
+                "fits_in_memory": fits, "ran": ran, "dp": 1, "tp": 1, "pp": 1, "zero": 0, "mbs": 1,
                 "grad_acc": int(pred)}
-    g = playbook.group_verdict([row(30, 0, status="crashed_or_oom"), row(20, 80), row(10, 100), row(40, 120, fits=False)])
+    g = playbook.group_verdict([row(30, 0, ran=False), row(20, 80), row(10, 100), row(40, 120, fits=False)])
     # the pick is the fastest predicted that fits (it crashed: regret 1); the measured best (predicted OOM) has no rank
-    assert (g["pick_status"], g["regret"], g["within_10_pct"], g["best_predicted_rank"]) == \
-        ("crashed_or_oom", 1.0, False, None)
+    assert (g["pick_ran"], g["regret"], g["within_10_pct"], g["best_predicted_rank"]) == (False, 1.0, False, None)
     g = playbook.group_verdict([row(20, 95), row(10, 100), row(5, 50)])
     assert g["within_10_pct"] and g["regret"] == pytest.approx(0.05) and g["best_predicted_rank"] == 2
     assert g["rho"] == pytest.approx(0.5)

@@ -41,7 +41,7 @@ def predict(run, dims) -> dict:
 
     w = run.workload
     m = num_microbatches(run, dims)
-    hw, st = Hardware.of(run.hardware), StrategyKnobs.of(run.strategy)
+    hw, st = Hardware.of(run.hardware), StrategyKnobs.of(run.strategy, run.runtime)
 
     def at(dp: int, mb: float = w.micro_batch_size) -> dict:  # the base estimate at data degree dp (HSDP, cp:
         # harness/costmodel/hsdp_cp.py)

@@ -145,16 +145,32 @@ def _collective_table(collectives) -> dict:
     return out
 
 
+class Runtime:
+    """What the training runtime does that the cost model prices (conf/runtime/, harness/config.py RuntimeConfig):
+    brigade's own by default; another runtime's where a run was made with it (priced only)."""
+    __slots__ = ("name", "pipeline_split")
+
+    @classmethod
+    def of(cls, cfg=None) -> "Runtime":
+        self = cls()
+        self.name = getattr(cfg, "name", "brigade")
+        self.pipeline_split = getattr(cfg, "pipeline_split", "even")  # params.stage_split
+        return self
+
+
 class StrategyKnobs:
-    """The strategy knobs the cost model reads (the torch side's strategy classes: harness/strategies/base.py)."""
+    """The strategy knobs the cost model reads (the torch side's strategy classes: harness/strategies/base.py),
+    and the runtime that runs them (Runtime)."""
     __slots__ = ("name", "engine", "state_sharding", "zero_stage", "schedule", "sp", "reshard_after_forward", "bucket_bytes",
                  "comm_hook", "powersgd_rank", "overlap_comm", "ds_knobs", "ds_buckets", "ds_reuse", "uses_ddp", "autocast",
                  "fsdp_accumulate", "zero1_impl", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "pp_recv_buffers",
-                 "low_precision_params", "state_knobs", "stage_layers")
+                 "low_precision_params", "state_knobs", "stage_layers", "runtime")
 
     @classmethod
-    def of(cls, s) -> "StrategyKnobs":
+    def of(cls, s, runtime=None) -> "StrategyKnobs":
+        """s: the strategy config; runtime: the runtime config (None: brigade's own)."""
         self = cls()
+        self.runtime = Runtime.of(runtime)
         self.name, self.engine, self.zero_stage = s.name, s.engine, s.zero_stage
         self.zero1_impl = getattr(s, "zero1_impl", "torch_zero")
         self.state_sharding = mem.state_sharding(s)

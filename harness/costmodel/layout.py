@@ -25,9 +25,9 @@ from harness.costmodel.params import (
     numel,
     option,
     rank_inventory,
+    stage_split,
     tp_block_collectives,
 )
-from models.pipeline_split import stage_layer_counts
 
 
 @dataclass(slots=True)
@@ -58,7 +58,7 @@ class PipelineRank:
     model_states_bytes: int  # the four above
     layers: int
     first: bool  # holds the embeddings
-    last: bool  # holds ln_f, the head and the loss
+    last: bool  # holds ln_f, the head and (unless the runtime puts it on a later stage: AxisLinks.pp_logits_elem_bytes) the loss
     weight: int = 1  # pp ranks this one stands for (pipeline_ranks: the ranks holding the same kind of stages)
 
 
@@ -90,6 +90,7 @@ class AxisLinks:
     tp_gather: comm.Link | None = None  # sequence parallel: its all-gathers and reduce-scatters of the
     tp_scatter: comm.Link | None = None  # activations, tp_calls_per_microbatch of each
     tp_norm_grads_per_microbatch: int = 0  # sequence parallel: all-reduces of a norm parameter's gradient
+    pp_logits_elem_bytes: tuple = ()  # bytes per logit of each hop the logits make past the head's stage (logits_hops)
 
 
 @dataclass(slots=True)
@@ -146,32 +147,34 @@ def cpu_slowdowns(hw: Hardware, busy_ranks: float) -> tuple[float, float]:
     return sharing * corun[0], sharing * corun[1]
 
 
-def pipeline_ranks(md: Model, st: StrategyKnobs, pl: Placement, precision: str, detail: bool) -> list[PipelineRank]:
+def pipeline_ranks(md: Model, st: StrategyKnobs, pl: Placement, precision: str, detail: bool,
+                   split: tuple | None = None) -> list[PipelineRank]:
     """Without detail only pp ranks 0, 1 and p-1: with equal stages the middle ranks hold the same
     parameters and rank 1 has the most micro-batches in flight among them, so every maximum is among
     these three. With unequal stages (pp * vpp not dividing the layers, or an explicit split) also the
     first rank of every other kind (its blocks, whether it holds the embeddings or the head): the lowest
-    rank of a kind has the most micro-batches in flight. Each stands for `weight` ranks of its kind."""
-    counts = stage_layer_counts(md.L, pl.n_stages, st.stage_layers)
+    rank of a kind has the most micro-batches in flight. Each stands for `weight` ranks of its kind.
+    split: params.stage_split's (layers per stage, head's stage, ...) as the runtime splits."""
+    counts, head_stage = (split or stage_split(md.shape, pl.n_stages, st.stage_layers, st.runtime.pipeline_split))[:2]
     kind, weight = {}, {}
     if not detail and len(set(counts)) == 1:  # equal stages: the three ranks above, the middle ones like rank 1
         for r in range(pl.pp) if pl.pp <= 3 else (0, 1, pl.pp - 1):
             weight[r] = pl.pp - 2 if r == 1 and pl.pp > 3 else 1
     for r in range(pl.pp) if not weight else ():
         stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
-        key = (sum(counts[s] for s in stages), 0 in stages, pl.n_stages - 1 in stages)
+        key = (sum(counts[s] for s in stages), 0 in stages, head_stage in stages)
         first = r if detail or r <= 1 or r == pl.pp - 1 else kind.setdefault(key, r)
         kind.setdefault(key, first)
         weight[first] = weight.get(first, 0) + 1
     out = []
     for r in sorted(weight):
         stages = catalog.stages_of_rank(st.schedule, r, pl.pp, pl.vpp)
-        groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r, st.stage_layers)
+        groups = rank_inventory(md.shape, pl.tp, pl.pp, pl.vpp, pl.ep, st.schedule, r, counts, head_stage)
         states = mem.model_states(st.state_sharding, groups, pl.dp, pl.ep, precision, st.state_knobs, detail)
         p, g, o, x = max(states, key=sum)
         out.append(PipelineRank(r, stages, groups, numel(groups), states, p, g, o, x, p + g + o + x,
                                 sum(counts[s] for s in stages), 0 in stages,
-                                pl.n_stages - 1 in stages, weight[r]))
+                                head_stage in stages, weight[r]))
     return out
 
 
@@ -197,7 +200,8 @@ def per_token_costs(md: Model, st: StrategyKnobs, tp: int, precision: str) -> Pe
         unsharded_elem_bytes=e if st.state_sharding == "sharded" else 4)
 
 
-def axis_links(md: Model, hw: Hardware, st: StrategyKnobs, pl: Placement, ranks: list) -> AxisLinks:
+def axis_links(md: Model, hw: Hardware, st: StrategyKnobs, pl: Placement, ranks: list, split: tuple | None = None,
+               pt: PerToken | None = None) -> AxisLinks:
     def link(coll, n, stride):
         return comm.collective_link(hw, coll, n, stride, pl.ranks_per_node)
 
@@ -222,20 +226,32 @@ def axis_links(md: Model, hw: Hardware, st: StrategyKnobs, pl: Placement, ranks:
         ep_layers=max(r.layers for r in ranks),
         tp_gather=tp_link("all_gather") if st.sp else None,
         tp_scatter=tp_link("reduce_scatter") if st.sp else None,
-        tp_norm_grads_per_microbatch=max(norm * (2 * r.layers + int(r.last)) for r in ranks) if st.sp and pl.tp > 1 else 0)
+        tp_norm_grads_per_microbatch=max(norm * (2 * r.layers + int(r.last)) for r in ranks) if st.sp and pl.tp > 1 else 0,
+        pp_logits_elem_bytes=logits_hops(split, pt))
+
+
+def logits_hops(split: tuple | None, pt: PerToken | None) -> tuple:
+    """Bytes per logit of each point-to-point hop the logits make after the head's stage where the runtime puts
+    the fp32 cast and the loss on later stages (params.stage_split; nanotron): the head's output in the matmul's
+    dtype to the cast's stage, fp32 from there to the loss's. Each hop's gradient comes back the same way."""
+    if split is None or pt is None:
+        return ()
+    _, head, cast, loss, _ = split
+    return ((pt.act_elem_bytes,) if cast > head else ()) + ((4,) if loss > cast else ())
 
 
 def layout(md: Model, hw: Hardware, st: StrategyKnobs, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
            nodes: int = 1, detail: bool = False, weight_decay: float = 0.0) -> Layout:
     pl = placement(hw, dp, tp, pp, vpp, ep, nodes)
-    ranks = pipeline_ranks(md, st, pl, precision, detail)
+    split = stage_split(md.shape, pl.n_stages, st.stage_layers, st.runtime.pipeline_split)
+    ranks = pipeline_ranks(md, st, pl, precision, detail, split)
     pt = per_token_costs(md, st, tp, precision)
     psi_rank = max(r.numel for r in ranks)
     rate = (hw.rate.get(catalog.PEAK_KEY[precision]) or hw.rate["fp32"]) / pl.slowdown
     # AdamW state is 8 B per element it updates: the rank with the most optimizer state steps longest
     opt_traffic = traffic.optimizer_bytes(max(r.optimizer_bytes for r in ranks) / 8, weight_decay)
     fsdp_block = pt.unsharded_elem_bytes * block_numel(md.shape, tp)
-    links = axis_links(md, hw, st, pl, ranks)
+    links = axis_links(md, hw, st, pl, ranks, split, pt)
     lo = Layout(md, hw, st, precision, catalog.PEAK_KEY[precision], pl, ranks, pt, links, [], rate,
                 hw.mem_bw / pl.mem_slowdown if hw.mem_bw else 0.0, hw.device != "cpu", psi_rank,
                 mem.ideal_model_states(psi_rank, dp, ideal_stage(st), precision), opt_traffic, psi_rank, fsdp_block)

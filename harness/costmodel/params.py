@@ -32,7 +32,7 @@ from functools import lru_cache
 
 from harness import catalog
 from harness.config import ModelConfig
-from models.pipeline_split import stage_layer_counts
+from models.pipeline_split import compute_balanced_split, nanotron_block_costs, stage_layer_counts
 from models.tp_plan import PLAN, SHARDED_DIM, role_of
 
 ROW_PARALLEL = ("o", "fc2", "down")  # their bias is replicated; a column-parallel bias is split
@@ -165,11 +165,24 @@ def block_numel(shape: tuple, tp: int = 1) -> int:
 
 
 @lru_cache(maxsize=4096)
+def stage_split(shape: tuple, n_stages: int, stage_layers: tuple = (), rule: str = "even") -> tuple:
+    """(decoder layers per stage, the head's stage, the fp32 cast's and the loss's (nanotron's: the logits pass
+    from the head's stage to them), the last stage holding a block) as the runtime splits (conf/runtime/ pipeline_split): even = models/pipeline_split.py, the head and the loss on the
+    last stage; compute_balanced = nanotron's (compute_balanced_split). An explicit split (strategy.stage_layers)
+    is brigade's own runtime's."""
+    if rule == "compute_balanced" and n_stages > 1 and not stage_layers:
+        return compute_balanced_split(shape[0], n_stages, *nanotron_block_costs(shape[1], shape[3], shape[4]))
+    last = n_stages - 1
+    return stage_layer_counts(shape[0], n_stages, stage_layers), last, last, last, last
+
+
+@lru_cache(maxsize=4096)
 def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: str, pp_rank: int,
-                   stage_layers: tuple = ()) -> tuple:
+                   stage_layers: tuple = (), head_stage: int = -1) -> tuple:
     """Local parameter groups of one pp rank (the same on every tp and dp rank of that stage).
 
-    shape = model_shape(model config); stage_layers: an explicit split (models/pipeline_split.py)."""
+    shape = model_shape(model config); stage_layers: the layers of each stage where not the even split
+    (models/pipeline_split.py); head_stage: the stage holding the final norm and the head (-1: the last)."""
     L, h, _, d_ff, V, s, E, _, _, _, norm, position, tie, _ = shape
     n_stages = pp * vpp
     groups: list = []
@@ -180,7 +193,7 @@ def rank_inventory(shape: tuple, tp: int, pp: int, vpp: int, ep: int, schedule: 
         if position == "learned":
             groups += [(1, *_local("pos_emb", (s, h), tp), "dense")]
     groups += [(c * n_blocks, d0, r, kind) for c, d0, r, kind in block_tensors(shape, tp, ep)]
-    if n_stages - 1 in stages:
+    if (n_stages - 1 if head_stage < 0 else head_stage) in stages:
         groups += _norms(norm, h, 1)
         if not tie:  # a tied head is the embedding's tensor (one stage only: validation)
             groups += [(1, *_local("head", (V, h), tp), "dense")]

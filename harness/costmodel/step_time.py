@@ -172,7 +172,14 @@ def tp_comm(lo, mb: int, m: int) -> AxisComm:
     return AxisComm(sent, t, 0.0 if lo.strategy.tp_comm_overlap and lo.can_overlap else t)
 
 
-def pp_comm(lo, mb: int, m: int) -> AxisComm:
+def pp_comm(lo, mb: int, m: int, t_mb: float = 0.0) -> AxisComm:
+    """Stage-boundary sends (hidden in the steady state, exposed on the fill/drain chain of 2(p-1) sends), and
+    where the runtime puts the fp32 cast and the loss on stages after the head's (nanotron), the logits' hops:
+    such a stage does nothing but pass the logits on and their gradient back, so its time per micro-batch is its
+    hops': per micro-batch its link carries the logits in and their gradient out, and the next stage's logits out
+    and their gradient in, each way at once (full duplex), so it takes the sum of its two hops' times. The first
+    micro-batch waits for the hops there and back, and every micro-batch for what that stage's time exceeds the
+    slowest compute stage's (t_mb) by."""
     link, pl = lo.links.pp, lo.place
     if link is None:
         return AxisComm(0.0, 0.0, 0.0)
@@ -181,7 +188,13 @@ def pp_comm(lo, mb: int, m: int) -> AxisComm:
     t_send = comm.call_s(link, "send_recv", 2, one)
     t = sends * t_send
     exposed = 2 * (pl.pp - 1) * t_send if lo.can_overlap else t
-    return AxisComm(sends * one, t, exposed)
+    logits = mb * lo.model.s * lo.model.V / pl.tp
+    hops = [comm.call_s(link, "send_recv", 2, logits * e) for e in lo.links.pp_logits_elem_bytes]
+    if hops:  # a relay stage: in from the stage before, out to the next
+        relay = max(a + b for a, b in zip(hops, hops[1:] + [0.0]))
+        t += 2 * m * sum(hops)
+        exposed += 2 * sum(hops) + m * max(0.0, relay - t_mb)
+    return AxisComm(sends * one + 2 * m * logits * sum(lo.links.pp_logits_elem_bytes), t, exposed)
 
 
 def ep_comm(lo, mb: int, m: int) -> AxisComm:

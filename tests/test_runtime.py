@@ -1,0 +1,53 @@
+"""Pure tier: another runtime's behaviour as the cost model prices it (conf/runtime/nanotron.yaml)."""
+from __future__ import annotations
+
+import pytest
+
+from harness.config import compose_run
+from harness.costmodel import predict
+from harness.dims import ConfigError
+from harness.validate import validate
+from models.pipeline_split import compute_balanced_split, nanotron_block_costs
+
+# the Playbook sweep's 1B: 16 layers, h 2048, d_ff 8192, V 131072 (lab/playbook_dev_runs.csv)
+ONE_B = ["model=gpt_7b", "model.n_layers=16", "model.d_model=2048", "model.n_heads=32", "model.d_ff=8192",
+         "model.vocab_size=131072", "model.seq_len=4096", "model.norm=rmsnorm", "model.mlp=swiglu",
+         "model.position=rope", "hardware=h100_sxm", "workload.precision=bf16-mixed", "logger=none"]
+
+
+def test_nanotron_split_as_its_build_model_places_blocks():
+    """A decoder layer costs 4h^2 + 3h d_ff = 2^26 and the head V h = 2^28 (4 layers): 20 units. pp 2 closes rank 0
+    once 11 > 10 units; pp 4 leaves the last rank the head alone; pp 8 puts the head on rank 6, cast and loss on 7."""
+    layer, head = nanotron_block_costs(2048, 8192, 131072)
+    assert (layer, head) == (2.0**26, 2.0**28)
+    assert compute_balanced_split(16, 2, layer, head) == ((11, 5), 1, 1, 1, 1)
+    assert compute_balanced_split(16, 4, layer, head) == ((6, 5, 5, 0), 3, 3, 3, 3)
+    assert compute_balanced_split(16, 8, layer, head) == ((3, 3, 2, 3, 2, 3, 0, 0), 6, 7, 7, 7)
+    counts, *_, last = compute_balanced_split(16, 16, layer, head)
+    assert sum(counts) == 16 and last == 14  # rank 15 holds nothing
+
+
+def test_another_runtime_is_priced_not_launched_and_its_empty_stage_refused():
+    run = compose_run(ONE_B + ["runtime=nanotron", "strategy=pp", "parallel.pp=8", "workload.global_batch_size=16",
+                               "workload.micro_batch_size=1", "strategy.schedule=1f1b"])
+    with pytest.raises(ConfigError, match="priced by the cost model only"):
+        validate(run)
+    assert predict(run, validate(run, torch_runs=False))["step_time_s"] > 0
+    deep = compose_run(ONE_B + ["runtime=nanotron", "strategy=pp", "parallel.pp=16", "workload.global_batch_size=16",
+                                "workload.micro_batch_size=1", "strategy.schedule=1f1b"])
+    with pytest.raises(ConfigError, match="ranks 15..15 without a block"):
+        validate(deep, torch_runs=False)
+
+
+def test_the_head_where_the_runtime_puts_it_and_the_logits_hop_priced():
+    """pp 8: nanotron's head on rank 6 with no decoder layer, rank 7 a relay for the logits; brigade's even
+    split puts 2 layers and the head on rank 7 and has no logits hop."""
+    base = ONE_B + ["strategy=pp", "parallel.pp=8", "workload.global_batch_size=16", "workload.micro_batch_size=1",
+                    "strategy.schedule=1f1b"]
+    nano = compose_run(base + ["runtime=nanotron"])
+    ours = compose_run(base)
+    p_nano, p_ours = (predict(r, validate(r, torch_runs=False)) for r in (nano, ours))
+    logits = 4096 * 131072 * 2  # one micro-batch's bf16 logits, there and their gradient back, 16 micro-batches
+    assert p_nano["comm_pp_bytes"] - p_ours["comm_pp_bytes"] == pytest.approx(2 * 16 * logits, rel=1e-9)
+    # the slowest stage: 3 layers (nanotron) against 2 layers + the head (4 layers' estimated cost) under brigade's
+    assert p_nano["compute_time_s"] < p_ours["compute_time_s"]

@@ -214,6 +214,9 @@ class RuntimeConfig:
     # blocks in order, a stage closed once the running sum of its blocks' estimated compute passes its share;
     # the head and the loss are blocks of their own, so they may land on a stage before the last)
     pipeline_split: str = "even"
+    # the host (CPU) time to launch one decoder layer's forward and backward kernels, microseconds: eager Python
+    # dispatch, autograd, the runtime's hooks; a micro-batch on a rank takes at least its layers' worth. 0: not priced
+    host_layer_us: float = 0.0
     source: dict[str, str] = field(default_factory=dict)
 
 

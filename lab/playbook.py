@@ -144,7 +144,7 @@ def rank0_peak_bytes(run, dims) -> float:
     return memory_peak(first, w.micro_batch_size, num_microbatches(run, dims), w.activation_checkpointing).peak_bytes
 
 
-def predict_row(row: dict, compose) -> dict:
+def predict_row(row: dict, compose, extra: tuple = ()) -> dict:
     """The row's measured and predicted figures (predicted ones None where brigade refuses the layout)."""
     out = {"index": row["index"], "model": row["model_label"], "nodes": row["nodes"], "gpus": row["gpus"],
            "dp": row["dp"], "tp": row["tp"], "pp": row["pp"], "zero": row["zero_stage"], "mbs": row["mbs"],
@@ -152,7 +152,7 @@ def predict_row(row: dict, compose) -> dict:
            "crosses_nodes": crosses_nodes(row), "measured_tokens_per_s_per_gpu": row["tok_s_gpu"],
            "measured_mem_GiB": row["mem_GB_rank0"], "refused": None, "predicted_tokens_per_s_per_gpu": None,
            "fits_in_memory": None, "predicted_mem_GiB": None, "ratio": None, "mem_ratio": None}
-    run = compose(overrides(row))
+    run = compose(overrides(row) + list(extra))
     try:
         dims = validate(run, torch_runs=False)  # nanotron's DDP x TP: predicted, not launched
     except ConfigError as e:
@@ -167,9 +167,29 @@ def predict_row(row: dict, compose) -> dict:
     return out
 
 
-def run_all(rows: list[dict] | None = None) -> list[dict]:
+def run_all(rows: list[dict] | None = None, extra: tuple = ()) -> list[dict]:
+    """Every row predicted; extra: overrides added to every row's (a runtime constant set aside, for its fit)."""
     compose = caching_compose()
-    return [predict_row(r, compose) for r in (load() if rows is None else rows)]
+    return [predict_row(r, compose, extra) for r in (load() if rows is None else rows)]
+
+
+def fit_host_layer_us() -> tuple[float, int]:
+    """conf/runtime/nanotron.yaml host_layer_us, fitted on this development half: the rows whose micro-batch the
+    host bounds are those with tensor parallelism in a node (pp 1, tp 2-8, 1-2 nodes: no network beyond the TP
+    group's NVLink) whose predicted device time per micro-batch, compute and exposed TP collectives with no host
+    term, is under half the measured; the fit is the median of their measured seconds per micro-batch per layer.
+    Returns (microseconds, rows)."""
+    rows = [r for r in load() if r["ran"] and r["pp"] == 1 and 1 < r["tp"] <= GPUS_PER_NODE and r["nodes"] <= 2]
+    compose = caching_compose()
+    per_layer = []
+    for row in rows:
+        run = compose(overrides(row) + ["runtime.host_layer_us=0"])
+        pred = predict(run, validate(run, torch_runs=False))
+        measured_s = batch_sequences(row) * row["seq_len"] / row["tok_s_gpu"] / row["gpus"] / row["grad_acc"]
+        device_s = (pred["compute_time_s"] + pred["comm_tp_exposed_time_s"]) / row["grad_acc"]
+        if device_s < measured_s / 2:
+            per_layer.append(measured_s / row["layers"])
+    return 1e6 * quantile(sorted(per_layer), 0.5), len(per_layer)
 
 
 def layout_label(r: dict) -> str:

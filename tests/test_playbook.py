@@ -72,3 +72,10 @@ def test_a_group_verdict_is_the_planners_pick_among_what_fits():
 def test_playbook_page_is_generated():
     assert playbook_doc.DOC.read_text() == playbook_doc.playbook_doc(), \
         "docs/playbook.md is stale: python -m lab.playbook_doc"
+
+
+def test_host_layer_us_is_its_fit_on_the_development_half():
+    from harness.config import compose_run
+    fitted, rows = playbook.fit_host_layer_us()
+    assert rows >= 5
+    assert compose_run(["runtime=nanotron"]).runtime.host_layer_us == round(fitted)

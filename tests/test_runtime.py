@@ -51,3 +51,16 @@ def test_the_head_where_the_runtime_puts_it_and_the_logits_hop_priced():
     assert p_nano["comm_pp_bytes"] - p_ours["comm_pp_bytes"] == pytest.approx(2 * 16 * logits, rel=1e-9)
     # the slowest stage: 3 layers (nanotron) against 2 layers + the head (4 layers' estimated cost) under brigade's
     assert p_nano["compute_time_s"] < p_ours["compute_time_s"]
+
+
+def test_a_host_bound_micro_batch_takes_its_layers_host_time():
+    """1B tp 8 at micro-batch 1: the device needs ~1.3 ms a layer, nanotron's host 4.6 ms (host_layer_us): each
+    micro-batch takes 16 x host_layer_us; brigade's own runtime prices no host term."""
+    base = ONE_B + ["strategy=tp", "parallel.tp=8", "strategy.sequence_parallel=true", "workload.global_batch_size=4",
+                    "workload.micro_batch_size=1"]
+    nano, ours = compose_run(base + ["runtime=nanotron"]), compose_run(base)
+    p_nano, p_ours = (predict(r, validate(r, torch_runs=False)) for r in (nano, ours))
+    host = nano.runtime.host_layer_us * 1e-6
+    assert p_nano["compute_time_s"] == pytest.approx(4 * 16 * host + p_nano["optimizer_time_s"], rel=1e-9)
+    assert p_ours["compute_time_s"] < p_nano["compute_time_s"] / 2
+    assert p_nano["comm_tp_exposed_time_s"] == 0.0  # the TP collectives run while the device waits for the host

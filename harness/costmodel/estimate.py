@@ -17,7 +17,7 @@ from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import Layout, layout
 from harness.costmodel.memory_peak import TRANSIENT_TERMS, MemoryPeak, memory_peak
 from harness.costmodel.predict_figures import add_predict_figures
-from harness.costmodel.step_time import bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
+from harness.costmodel.step_time import AxisComm, bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
 
 
 def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = None) -> dict:
@@ -27,6 +27,8 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
     ct = compute_time(lo, mb, m, ckpt)
     bubble_s, bubble_pct = bubble(lo, ct, m)
     dp, tp, pp, ep = (dp_comm(lo, ct, m), tp_comm(lo, mb, m), pp_comm(lo, mb, m, ct.microbatch_s), ep_comm(lo, mb, m))
+    if ct.host_wait_s and tp.exposed_s:  # a TP collective queued behind the kernels runs while the device waits for the host
+        tp = AxisComm(tp.bytes, tp.time_s, max(0.0, tp.exposed_s - ct.host_wait_s))
     comm_s = dp.time_s + tp.time_s + pp.time_s + ep.time_s
     exposed = dp.exposed_s + tp.exposed_s + pp.exposed_s + ep.exposed_s
     interference = overlap_interference_s(lo.hw, comm_s - exposed, ct.compute_s)

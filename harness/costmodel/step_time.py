@@ -12,6 +12,9 @@
                measured that (comm.IN_STEP: after each rank's own compute); a CPU collective among
                ranks sharing the cores more than when calibrate timed it, that many times longer
                (comm.time_shared)
+    host     = a runtime that launches each layer's kernels from Python in host_layer_s (conf/runtime/) bounds a
+               micro-batch from below: a rank takes max(its compute, its layers x host_layer_s); a TP collective
+               runs while the device waits for the host (estimate.py)
     exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
                the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
                unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind
@@ -48,6 +51,7 @@ class ComputeTime:
     attention_s: float = 0.0  # the attention core's part of matmul_s
     host_s: float = 0.0  # the operators' host work in matmul_s (dispatch, DTensor, FSDP2; CPU profiles)
     accumulate_s: float = 0.0  # gradient accumulation's part of optimizer_s (a trace sees it in the backward)
+    host_wait_s: float = 0.0  # the device idle while the host launches the layers (runtime host_layer_s), in compute_s
 
 
 @dataclass(slots=True)
@@ -59,19 +63,23 @@ class AxisComm:
 
 def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
     times = microbatch_times(lo, mb)
-    per_rank, slowest, slowest_matmul, slowest_parts = {}, 0.0, 0.0, (0.0, 0.0)
+    per_rank, slowest, slowest_matmul, slowest_parts, wait = {}, 0.0, 0.0, (0.0, 0.0), 0.0
+    host_layer_s = lo.strategy.runtime.host_layer_s
     for rank in lo.ranks:
         matmul, elementwise = times.rank_time(rank, ckpt)
-        per_rank[rank.pp_rank] = matmul + elementwise
-        if matmul + elementwise > slowest:
-            slowest, slowest_matmul, slowest_parts = matmul + elementwise, matmul, times.rank_parts(rank, ckpt)
+        # the host launches a layer's kernels in host_layer_s (runtime profile); the device waits where it is faster
+        t = max(matmul + elementwise, rank.layers * host_layer_s)
+        per_rank[rank.pp_rank] = t
+        if t > slowest:
+            slowest, slowest_matmul, slowest_parts = t, matmul, times.rank_parts(rank, ckpt)
+            wait = t - matmul - elementwise
     accumulate_s = (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems / lo.mem_bw if lo.mem_bw else 0.0
     optimizer_s = (lo.optimizer_traffic_bytes / lo.mem_bw if lo.mem_bw else 0.0) + accumulate_s + lo.optimizer_dispatch_s
     pipe_s, busy_s, idle_mean_s = _cpu_pipeline(lo, m, times, ckpt, slowest_matmul / slowest if slowest else 1.0)
     busy = busy_s / (m * slowest) if pipe_s else 1.0
     return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
                        busy, pipe_s, idle_mean_s, attention_s=m * slowest_parts[0] * busy,
-                       host_s=m * slowest_parts[1] * busy, accumulate_s=accumulate_s)
+                       host_s=m * (slowest_parts[1] + wait) * busy, accumulate_s=accumulate_s, host_wait_s=m * wait)
 
 
 WARP_MAX_CHUNKS = 1024  # a CPU layout beyond this keeps the all-busy rate (a 2-core VM runs pp <= 4)

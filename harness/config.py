@@ -217,6 +217,10 @@ class RuntimeConfig:
     # the host (CPU) time to launch one decoder layer's forward and backward kernels, microseconds: eager Python
     # dispatch, autograd, the runtime's hooks; a micro-batch on a rank takes at least its layers' worth. 0: not priced
     host_layer_us: float = 0.0
+    # tensor parallelism's collectives and what overlaps them: dtensor (brigade: DTensor's, exposed; with sequence
+    # parallelism the norm gradients all-reduced each micro-batch) | nanotron_async (nanotron's REDUCE_SCATTER mode
+    # with async communication: all-gathers and reduce-scatters under the GEMMs they feed, harness/costmodel/step_time.py)
+    tp_collectives: str = "dtensor"
     source: dict[str, str] = field(default_factory=dict)
 
 

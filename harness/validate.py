@@ -253,6 +253,7 @@ def _validate_stage_layers(n_layers: int, dims, s) -> None:
 
 
 PIPELINE_SPLITS = ("even", "compute_balanced")  # harness/config.py RuntimeConfig.pipeline_split
+TP_COLLECTIVES = ("dtensor", "nanotron_async")  # RuntimeConfig.tp_collectives
 
 
 def _validate_runtime(run: RunConfig, dims, torch_runs: bool) -> None:
@@ -261,6 +262,8 @@ def _validate_runtime(run: RunConfig, dims, torch_runs: bool) -> None:
     rt, m = run.runtime, run.model
     if rt.pipeline_split not in PIPELINE_SPLITS:
         raise ConfigError(f"unknown runtime.pipeline_split '{rt.pipeline_split}'; available: {', '.join(PIPELINE_SPLITS)}")
+    if rt.tp_collectives not in TP_COLLECTIVES:
+        raise ConfigError(f"unknown runtime.tp_collectives '{rt.tp_collectives}'; available: {', '.join(TP_COLLECTIVES)}")
     if torch_runs and rt.name != "brigade":
         raise ConfigError(f"runtime={rt.name} is priced by the cost model only: brigade launches its own runtime "
                           f"(runtime=brigade); python -m harness.predict prices it")

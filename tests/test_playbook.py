@@ -79,3 +79,11 @@ def test_host_layer_us_is_its_fit_on_the_development_half():
     fitted, rows = playbook.fit_host_layer_us()
     assert rows >= 5
     assert compose_run(["runtime=nanotron"]).runtime.host_layer_us == round(fitted)
+
+
+def test_ring_step_latency_us_is_its_fit_on_the_development_half():
+    from harness.config import compose_run
+    fitted, rows = playbook.fit_ring_step_latency_us()
+    assert rows >= 30
+    profile = compose_run(["hardware=h100_sxm", "hardware/fabric=efa_p5"]).hardware.fabric
+    assert profile["ring_step_latency_us"] == pytest.approx(fitted, abs=0.05)

@@ -64,3 +64,28 @@ def test_a_host_bound_micro_batch_takes_its_layers_host_time():
     assert p_nano["compute_time_s"] == pytest.approx(4 * 16 * host + p_nano["optimizer_time_s"], rel=1e-9)
     assert p_ours["compute_time_s"] < p_nano["compute_time_s"] / 2
     assert p_nano["comm_tp_exposed_time_s"] == 0.0  # the TP collectives run while the device waits for the host
+
+
+def test_a_ring_only_collective_across_efa_waits_at_every_step():
+    """efa_p5's ring_step_latency_us: an all-gather over 16 ranks on 2 nodes of 1 MiB a rank pays 15 steps of it;
+    the same over 32 ranks on 4 nodes 31; an all-reduce (NCCL's tree or ring, node profile hops) does not."""
+    from harness.costmodel.inputs import Hardware
+    hw = Hardware.of(compose_run(["hardware=h100_sxm", "hardware/fabric=efa_p5", "logger=none"]).hardware)
+    step = hw.fabric.ring_step_s
+    assert step == pytest.approx(40.5e-6)
+    small = 16 * 2**20  # 1 MiB a rank over 16
+    t16, t32 = hw.fabric.call_s("all_gather", 16, 8, small), hw.fabric.call_s("all_gather", 32, 8, 2 * small)
+    assert 15 * step < t16 < 15 * step * 1.3 and 31 * step < t32 < 31 * step * 1.3
+    assert hw.fabric.call_s("all_reduce", 16, 8, small) < 15 * step
+
+
+def test_nanotron_tp_overlaps_what_its_async_linears_overlap():
+    """tp 8 in a node at micro-batch 8 (device-bound): exposed = the forward reduce-scatters whole, the rest only
+    where a collective outlasts the GEMM it runs under; brigade's DTensor TP exposes every collective."""
+    base = ONE_B + ["strategy=tp", "parallel.tp=8", "strategy.sequence_parallel=true", "workload.global_batch_size=8",
+                    "workload.micro_batch_size=8"]
+    nano = compose_run(base + ["runtime=nanotron", "runtime.host_layer_us=0"])
+    ours = compose_run(base)
+    p_nano, p_ours = (predict(r, validate(r, torch_runs=False)) for r in (nano, ours))
+    assert 0.2 * p_nano["comm_tp_time_s"] < p_nano["comm_tp_exposed_time_s"] < 0.75 * p_nano["comm_tp_time_s"]
+    assert p_ours["comm_tp_exposed_time_s"] == p_ours["comm_tp_time_s"]

@@ -28,7 +28,11 @@ from the fabric's latency to the smallest point (latency-bound), above the large
 point's bandwidth; beyond the measured node counts the nearest measured one (each profile says how far
 its curves reach). The latency is the fabric's measured small-message time plus NCCL's latency per
 ring step or tree level the group passes beyond that measurement's (comm.hop_latency_s, the node
-profile's hop latencies: a ring over 1536 ranks passes 1535 steps). A collective without a curve of
+profile's hop latencies: a ring over 1536 ranks passes 1535 steps). Where the profile gives a ring step
+latency (`ring_step_latency_us`), a ring-only collective (all-gather, reduce-scatter, broadcast: NCCL has no
+tree for them) that spans nodes pays it at each of its n - 1 steps instead: a ring's step is a synchronous
+exchange between neighbours, so every step waits for the slowest link's per-message latency (Thakur,
+Rabenseifner and Gropp 2005, ring all-gather T = (p - 1) alpha + (p - 1)/p n beta). A collective without a curve of
 its own uses the all-reduce's bus bandwidth (a ring all-reduce is a reduce-scatter and an all-gather at
 the same busbw, the definition nccl-tests gives busbw for), send/recv one rail's line rate.
 """
@@ -39,6 +43,8 @@ from dataclasses import dataclass
 
 from harness.costmodel import comm
 
+# collectives NCCL runs as a ring only (no tree): where the fabric has a ring step latency, each step pays it
+RING_ONLY = ("all_gather", "reduce_scatter", "broadcast")
 # the curve a collective without one of its own is priced on (module docstring)
 FALLBACK = {"all_gather": "all_reduce", "reduce_scatter": "all_reduce", "broadcast": "all_reduce",
             "all_to_all": None, "send_recv": None, "all_reduce": None}
@@ -61,7 +67,7 @@ class Curve:
 class Fabric:
     """A fabric profile in SI units."""
     __slots__ = ("name", "transport", "in_network", "nics_per_node", "rail_Bps", "latency_s", "latency_at", "hops",
-                 "curves", "_cache")
+                 "curves", "_cache", "ring_step_s")
 
     @classmethod
     def of(cls, cfg, hops: comm.Hops | None = None) -> "Fabric | None":
@@ -77,6 +83,9 @@ class Fabric:
         self.nics_per_node = int(cfg["nics_per_node"])
         self.rail_Bps = float(cfg["rail_Gbps"]) / 8 * 1e9
         self.latency_s = float(cfg["latency_us"]) * 1e-6
+        # a ring-only collective's latency per step where the ring crosses this fabric (module docstring); 0: NCCL's
+        # per-hop latencies of the node profile
+        self.ring_step_s = float(cfg.get("ring_step_latency_us", 0.0)) * 1e-6
         self.curves = {}
         for coll, runs in dict(cfg.get("curves") or {}).items():
             for run in runs:
@@ -111,6 +120,8 @@ class Fabric:
             return comm.hop_latency_s(self.hops, collective, nodes_gpus[0] * nodes_gpus[1], nodes_gpus[1])
 
         latency = self.latency_s + comm.hop_latency_s(self.hops, collective, n, g) - steps(self.latency_at)
+        if self.ring_step_s and nodes > 1 and collective in RING_ONLY:
+            latency = (n - 1) * self.ring_step_s  # each of the ring's n - 1 steps waits for the network
         c = self.curve(collective, nodes, g)
         if c is None:
             t = wire + latency - self.latency_s

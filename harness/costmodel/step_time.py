@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from harness import catalog
 from harness.costmodel import comm, traffic
 from harness.costmodel import pipeline as pipe
-from harness.costmodel.compute import microbatch_times
+from harness.costmodel.compute import gemm_time, layer_projections, microbatch_times
 from harness.costmodel.layout import cpu_slowdowns
 
 
@@ -161,10 +161,12 @@ def _exposed(lo, c, t: float, calls: int, t_mb: float, m: int, compute_s: float)
 
 def tp_comm(lo, mb: int, m: int) -> AxisComm:
     """All-reduces of the activations; with sequence parallel all-gathers and reduce-scatters of them and
-    the norm gradients' all-reduces (comm.py)."""
+    the norm gradients' all-reduces (comm.py). A runtime with its own TP (runtime tp_collectives): nanotron_tp."""
     links, tp = lo.links, lo.place.tp
     if links.tp is None:
         return AxisComm(0.0, 0.0, 0.0)
+    if lo.strategy.runtime.tp_collectives == "nanotron_async" and links.tp_gather is not None:
+        return nanotron_tp(lo, mb, m)
     calls = m * links.tp_calls_per_microbatch
     one = mb * lo.model.s * lo.model.h * lo.per_token.act_elem_bytes
     if links.tp_gather is None:
@@ -178,6 +180,52 @@ def tp_comm(lo, mb: int, m: int) -> AxisComm:
                       + comm.call_s(links.tp_scatter, "reduce_scatter", tp, one))
              + norms * comm.call_s(links.tp, "all_reduce", tp, norm_bytes))
     return AxisComm(sent, t, 0.0 if lo.strategy.tp_comm_overlap and lo.can_overlap else t)
+
+
+def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
+    """nanotron's TP in its REDUCE_SCATTER mode with tp_linear_async_communication (the sweep's setting;
+    src/nanotron/parallel/tensor_parallel/functional.py), q k v and gate up each one column-parallel linear, o and
+    down row-parallel. E = the gathered activation (b s h in the matmul's dtype). Per layer and micro-batch:
+        column linear  forward   all-gather E, overlapped with the GEMM of the rank's own rows (1/tp of it)
+                       backward  all-gather E again (tp_recompute_allgather) under the input-gradient GEMM,
+                                 reduce-scatter of the input gradient under the weight-gradient GEMM
+        row linear     forward   reduce-scatter of the output, exposed
+                       backward  all-gather of the output gradient, under the GEMM of the rank's own rows
+    6 all-gathers and 4 reduce-scatters; each exposes what its overlapping GEMM does not cover. The first stage's
+    embedding adds a reduce-scatter forward and an all-gather backward, the head's stage a column linear, both
+    exposed; the norm weights' gradients are all-reduced once per step (sync_tied_weights_gradients)."""
+    key = ("nanotron_tp", mb)
+    if key not in lo.gemm_cache:
+        md, pl, links = lo.model, lo.place, lo.links
+        tokens, e = mb * md.s, lo.per_token.act_elem_bytes
+        one = tokens * md.h * e
+        ag = comm.call_s(links.tp_gather, "all_gather", pl.tp, one)
+        rs = comm.call_s(links.tp_scatter, "reduce_scatter", pl.tp, one)
+        curve = lo.hw.gemm.get(lo.dtype)
+
+        def gemm(shapes):  # forward seconds of the projections merged into one linear (one training GEMM's worth)
+            if curve is None:
+                return sum(2 * m_ * n * k for m_, n, k in shapes) / lo.matmul_rate
+            return sum(gemm_time(curve, *g, e, lo.mem_bw, pl.slowdown) for g in shapes)
+        proj = layer_projections(md, pl.tp, tokens)
+        columns, rows = (proj[0:3], proj[4:-1]), (proj[3:4], proj[-1:])
+        exposed = (sum(max(0.0, ag - gemm(c) / pl.tp) + max(0.0, ag - gemm(c)) + max(0.0, rs - gemm(c)) for c in columns)
+                   + sum(rs + max(0.0, ag - gemm(r) / pl.tp) for r in rows))
+        busiest = max(lo.ranks, key=lambda r: r.layers * exposed + (ag + rs) * (int(r.first) + int(r.last)))
+        ends = int(busiest.first) + int(busiest.last)
+        per_mb = busiest.layers * exposed + (ag + rs) * ends
+        time_mb = busiest.layers * (6 * ag + 4 * rs) + (ag + rs) * ends
+        calls_mb = 10 * busiest.layers + 2 * ends
+        norms = norm_tensors_of(lo) * (2 * busiest.layers + int(busiest.last))
+        norm_s = norms * comm.call_s(links.tp, "all_reduce", pl.tp, 4 * md.h)
+        lo.gemm_cache[key] = (per_mb, time_mb, calls_mb * comm.FACTOR["all_gather"](pl.tp) * one, norm_s, norms)
+    per_mb, time_mb, sent_mb, norm_s, norms = lo.gemm_cache[key]
+    sent = m * sent_mb + comm.FACTOR["all_reduce"](lo.place.tp) * norms * 4 * lo.model.h
+    return AxisComm(sent, m * time_mb + norm_s, m * per_mb + norm_s)
+
+
+def norm_tensors_of(lo) -> int:
+    return 2 if lo.model.cfg.norm == "layernorm" else 1
 
 
 def pp_comm(lo, mb: int, m: int, t_mb: float = 0.0) -> AxisComm:

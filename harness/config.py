@@ -221,6 +221,9 @@ class RuntimeConfig:
     # parallelism the norm gradients all-reduced each micro-batch) | nanotron_async (nanotron's REDUCE_SCATTER mode
     # with async communication: all-gathers and reduce-scatters under the GEMMs they feed, harness/costmodel/step_time.py)
     tp_collectives: str = "dtensor"
+    # microseconds each step of a TP collective's ring takes, exposed, while the rank's pipeline sends cross nodes
+    # (nanotron_async only); 0: not priced
+    tp_ring_step_remote_pp_us: float = 0.0
     source: dict[str, str] = field(default_factory=dict)
 
 

@@ -173,20 +173,34 @@ def run_all(rows: list[dict] | None = None, extra: tuple = ()) -> list[dict]:
     return [predict_row(r, compose, extra) for r in (load() if rows is None else rows)]
 
 
+def _median_ratio_fit(rows: list[dict], key: str, lo: float, hi: float) -> float:
+    """The value of the override `key` at which the rows' median ratio predicted / measured is 1 (bisection; the
+    ratio falls as the value grows)."""
+    def median_ratio(value: float) -> float:
+        return quantile(sorted(r["ratio"] for r in run_all(rows, extra=(f"{key}={value}",))), 0.5)
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if median_ratio(mid) > 1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_tp_ring_step_remote_pp_us() -> tuple[float, int]:
+    """conf/runtime/nanotron.yaml tp_ring_step_remote_pp_us, fitted on this development half: the rows with TP in a
+    node and a pipeline whose sends cross nodes (pp > 1, 1 < tp <= 8, dp x tp >= 8) at micro-batch 1-2 on up to 8
+    nodes (beyond, the multi-node pipeline regime of docs/playbook.md), the ring step time at which their median
+    ratio predicted / measured is 1. Returns (microseconds, rows)."""
+    rows = [r for r in load() if r["ran"] and r["pp"] > 1 and 1 < r["tp"] <= GPUS_PER_NODE
+            and r["dp"] * r["tp"] >= GPUS_PER_NODE and r["mbs"] <= 2 and r["nodes"] <= 8]
+    return _median_ratio_fit(rows, "runtime.tp_ring_step_remote_pp_us", 0.0, 2000.0), len(rows)
+
+
 def fit_ring_step_latency_us(lo: float = 10.0, hi: float = 200.0) -> tuple[float, int]:
     """conf/hardware/fabric/efa_p5.yaml ring_step_latency_us, fitted on this development half: on the rows whose TP
     group spans nodes over EFA at micro-batch 1 or 2 (pp 1, tp 16-32: every layer's all-gathers and reduce-
     scatters are latency-bound, 1-2 MiB a rank), the latency per ring step at which the median ratio predicted /
     measured is 1 (bisection; the ratio falls as the latency grows). Returns (microseconds, rows)."""
     rows = [r for r in load() if r["ran"] and r["pp"] == 1 and r["tp"] > GPUS_PER_NODE and r["mbs"] <= 2]
-
-    def median_ratio(us: float) -> float:
-        res = run_all(rows, extra=(f"hardware.fabric.ring_step_latency_us={us}",))
-        return quantile(sorted(r["ratio"] for r in res), 0.5)
-    for _ in range(16):  # 190 us / 2^16: well under the 0.1 us the profile keeps
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if median_ratio(mid) > 1 else (lo, mid)
-    return (lo + hi) / 2, len(rows)
+    return _median_ratio_fit(rows, "hardware.fabric.ring_step_latency_us", lo, hi), len(rows)
 
 
 def fit_host_layer_us() -> tuple[float, int]:

@@ -87,3 +87,10 @@ def test_ring_step_latency_us_is_its_fit_on_the_development_half():
     assert rows >= 30
     profile = compose_run(["hardware=h100_sxm", "hardware/fabric=efa_p5"]).hardware.fabric
     assert profile["ring_step_latency_us"] == pytest.approx(fitted, abs=0.05)
+
+
+def test_tp_ring_step_remote_pp_us_is_its_fit_on_the_development_half():
+    from harness.config import compose_run
+    fitted, rows = playbook.fit_tp_ring_step_remote_pp_us()
+    assert rows >= 50
+    assert compose_run(["runtime=nanotron"]).runtime.tp_ring_step_remote_pp_us == pytest.approx(fitted, abs=0.05)

@@ -148,7 +148,7 @@ def _collective_table(collectives) -> dict:
 class Runtime:
     """What the training runtime does that the cost model prices (conf/runtime/, harness/config.py RuntimeConfig):
     brigade's own by default; another runtime's where a run was made with it (priced only)."""
-    __slots__ = ("name", "pipeline_split", "host_layer_s", "tp_collectives")
+    __slots__ = ("name", "pipeline_split", "host_layer_s", "tp_collectives", "tp_ring_step_remote_pp_s")
 
     @classmethod
     def of(cls, cfg=None) -> "Runtime":
@@ -158,6 +158,8 @@ class Runtime:
         # the host's time to launch one decoder layer's forward and backward (step_time.compute_time); 0: not priced
         self.host_layer_s = float(getattr(cfg, "host_layer_us", 0.0)) * 1e-6
         self.tp_collectives = getattr(cfg, "tp_collectives", "dtensor")  # step_time.tp_comm
+        # a TP ring step's time while the rank's pipeline sends cross nodes (step_time.nanotron_tp); 0: not priced
+        self.tp_ring_step_remote_pp_s = float(getattr(cfg, "tp_ring_step_remote_pp_us", 0.0)) * 1e-6
         return self
 
 

@@ -35,7 +35,7 @@ from harness import catalog
 from harness.costmodel import comm, traffic
 from harness.costmodel import pipeline as pipe
 from harness.costmodel.compute import gemm_time, layer_projections, microbatch_times
-from harness.costmodel.layout import cpu_slowdowns
+from harness.costmodel.layout import cpu_slowdowns, node_crossing_axes
 
 
 @dataclass(slots=True)
@@ -193,7 +193,9 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
                        backward  all-gather of the output gradient, under the GEMM of the rank's own rows
     6 all-gathers and 4 reduce-scatters; each exposes what its overlapping GEMM does not cover. The first stage's
     embedding adds a reduce-scatter forward and an all-gather backward, the head's stage a column linear, both
-    exposed; the norm weights' gradients are all-reduced once per step (sync_tied_weights_gradients)."""
+    exposed; the norm weights' gradients are all-reduced once per step (sync_tied_weights_gradients). Where the
+    pipeline's sends cross nodes, every step of these rings takes at least the runtime's
+    tp_ring_step_remote_pp_s, exposed (conf/runtime/nanotron.yaml says what was measured)."""
     key = ("nanotron_tp", mb)
     if key not in lo.gemm_cache:
         md, pl, links = lo.model, lo.place, lo.links
@@ -211,6 +213,9 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
         columns, rows = (proj[0:3], proj[4:-1]), (proj[3:4], proj[-1:])
         exposed = (sum(max(0.0, ag - gemm(c) / pl.tp) + max(0.0, ag - gemm(c)) + max(0.0, rs - gemm(c)) for c in columns)
                    + sum(rs + max(0.0, ag - gemm(r) / pl.tp) for r in rows))
+        slow_step = lo.strategy.runtime.tp_ring_step_remote_pp_s
+        if slow_step and "pp" in node_crossing_axes(pl):  # each of the 10 rings' tp - 1 steps at its floor
+            exposed += 10 * (pl.tp - 1) * slow_step
         busiest = max(lo.ranks, key=lambda r: r.layers * exposed + (ag + rs) * (int(r.first) + int(r.last)))
         ends = int(busiest.first) + int(busiest.last)
         per_mb = busiest.layers * exposed + (ag + rs) * ends

@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TOP = ("harness", "lab", "conf", "docs", "tests", "models", "launch", "scripts", "hydra_plugins", "results")
-MENTION = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]+\.(?:py|yaml|md|sh|jsonl|json\.gz|json\.xz|json|txt|toml))\b" % "|".join(TOP))
+MENTION = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]+\.(?:py|yaml|md|sh|jsonl|json\.gz|json\.xz|json|txt|toml|csv))\b" % "|".join(TOP))
 WRITTEN_BY_RUNS = re.compile(r"^results/(?!reference/|README\.md)|^conf/hardware/local/")
 # other projects' files, cited with their repository beside them
 EXTERNAL = {
@@ -25,6 +25,7 @@ EXTERNAL = {
     "scripts/train/benchmarking/submit_benchmarks.py": "mosaicml/llm-foundry's benchmark launcher",
     "models/llama/__init__.py": "torchtitan/models/llama/__init__.py",
     "models/mpt/modeling_mpt.py": "llmfoundry/models/mpt/modeling_mpt.py",
+    "scripts/scaling_benchmarks.py": "huggingface/nanotron's sweep launcher (the Playbook's runs)",
 }
 
 
@@ -47,7 +48,7 @@ def test_every_repository_file_named_exists():
 
 # a module named by its path and one of its names (`harness/collect/aggregate.config_record`)
 MODULE_NAME = re.compile(r"(?<![\w./-])((?:harness|lab|models|launch|hydra_plugins)(?:/\w+)+)\.([A-Za-z_]\w*)\b")
-EXTENSIONS = {"py", "yaml", "md", "sh", "jsonl", "json", "txt", "toml", "html", "png"}
+EXTENSIONS = {"py", "yaml", "md", "sh", "jsonl", "json", "txt", "toml", "html", "png", "csv"}
 
 
 def test_every_module_named_with_one_of_its_names_exists():

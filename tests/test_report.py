@@ -363,3 +363,22 @@ def test_every_config_is_offered_labelled_by_what_differs_and_the_page_opens_on_
         r["dims"]["tp"], r["dims"]["world_size"] = 1, 2
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert 'data-default-mode="pp"' in write_report(jsonl, pngs=False).read_text()
+
+
+def test_mfu_above_the_profile_rate_is_flagged_in_the_runs_table(tmp_path):
+    # a stored real record whose measured MFU exceeds 100 %: the table marks it as the terminal does
+    from harness.collect.aggregate import MFU_EXCEEDED, mfu_warning
+    from harness.report import write_report
+    from harness.report.views import runs_table
+
+    rec = json.loads((Path(__file__).resolve().parent.parent / "results/reference/demo.jsonl").read_text().splitlines()[0])
+    rec["measured"]["mfu_pct"] = 105.0
+    rec["measured"].update(mfu_warning(105.0))
+    jsonl = tmp_path / "hot.jsonl"
+    jsonl.write_text(json.dumps(rec) + "\n")
+    assert MFU_EXCEEDED in runs_table(load(jsonl))
+    rec["measured"]["mfu_pct"] = 40.0
+    rec["measured"].pop("mfu_warning")
+    jsonl.write_text(json.dumps(rec) + "\n")
+    assert MFU_EXCEEDED not in runs_table(load(jsonl))
+    assert 'class="report-error"' not in write_report(jsonl).read_text()

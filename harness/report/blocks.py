@@ -28,13 +28,15 @@ def table(headers: list[str], rows: list[list[str]], css: str = "", attrs: str =
     return f'<table class="{css}" {attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def pair_cell(measured, predicted, formatter, key: str = "") -> str:
-    """A table cell: measured / predicted, with the ratio coloured (within 10% green, 50% amber)."""
+def pair_cell(measured, predicted, formatter, key: str = "", warning: str | None = None) -> str:
+    """A table cell: measured / predicted, with the ratio coloured (within 10% green, 50% amber); a warning
+    on the measured figure (e.g. measured.mfu_warning) is marked "!" beside it and spelled out on hover."""
     r = ratio(measured, predicted)
     m, p = formatter(measured), formatter(predicted, none="not predicted")
     ratio_txt = f"{r:.2f}x" if r is not None else "-"
     data = f' data-key="{esc(key)}"' if key else ""
-    return (f'<td class="pair"{data}><span class="meas">{esc(m)}</span>'
+    flag = f' <span class="warn" title="{esc(warning)}">! {esc(warning)}</span>' if warning else ""
+    return (f'<td class="pair"{data}><span class="meas">{esc(m)}{flag}</span>'
             f'<span class="pred">pred {esc(p)}</span>'
             f'<span class="ratio {ratio_class(r)}" title="measured / predicted">{esc(ratio_txt)}</span></td>')
 

@@ -18,7 +18,7 @@ def runs_table(study: Study) -> str:
             pair_cell(r.m("step_time_s"), r.p("step_time_s"), seconds, f"step-{r.run_id}"),
             pair_cell(r.m("tokens_per_s"), r.p("tokens_per_s"), rate, f"tokens-{r.run_id}"),
             f'<td class="num">{esc(ci_text(r.ci("tokens_per_s")))}</td><td class="num">{r.repeats}</td>',
-            pair_cell(r.m("mfu_pct"), r.p("mfu_pct"), pct, f"mfu-{r.run_id}"),
+            pair_cell(r.m("mfu_pct"), r.p("mfu_pct"), pct, f"mfu-{r.run_id}", r.measured.get("mfu_warning")),
             pair_cell(r.m("model_states_bytes"), r.p("model_states_bytes"), nbytes, f"states-{r.run_id}"),
             pair_cell(r.m("comm_share_pct"), r.p("comm_share_pct"), pct, f"comm-{r.run_id}"),
             pair_cell(r.m("bubble_pct"), r.p("bubble_pct"), pct, f"bubble-{r.run_id}") if r.uses("pp")

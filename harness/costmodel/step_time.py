@@ -195,7 +195,8 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
     embedding adds a reduce-scatter forward and an all-gather backward, the head's stage a column linear, both
     exposed; the norm weights' gradients are all-reduced once per step (sync_tied_weights_gradients). Where the
     pipeline's sends cross nodes, every step of these rings takes at least the runtime's
-    tp_ring_step_remote_pp_s, exposed (conf/runtime/nanotron.yaml says what was measured)."""
+    tp_ring_step_remote_pp_s, and the GEMM beside a collective hides it as it hides the collective
+    (conf/runtime/nanotron.yaml says what was measured)."""
     key = ("nanotron_tp", mb)
     if key not in lo.gemm_cache:
         md, pl, links = lo.model, lo.place, lo.links
@@ -203,6 +204,9 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
         one = tokens * md.h * e
         ag = comm.call_s(links.tp_gather, "all_gather", pl.tp, one)
         rs = comm.call_s(links.tp_scatter, "reduce_scatter", pl.tp, one)
+        slow_step = lo.strategy.runtime.tp_ring_step_remote_pp_s
+        if slow_step and "pp" in node_crossing_axes(pl):  # each ring's tp - 1 steps at their floor, then overlapped
+            ag, rs = max(ag, (pl.tp - 1) * slow_step), max(rs, (pl.tp - 1) * slow_step)
         curve = lo.hw.gemm.get(lo.dtype)
 
         def gemm(shapes):  # forward seconds of the projections merged into one linear (one training GEMM's worth)
@@ -213,9 +217,6 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
         columns, rows = (proj[0:3], proj[4:-1]), (proj[3:4], proj[-1:])
         exposed = (sum(max(0.0, ag - gemm(c) / pl.tp) + max(0.0, ag - gemm(c)) + max(0.0, rs - gemm(c)) for c in columns)
                    + sum(rs + max(0.0, ag - gemm(r) / pl.tp) for r in rows))
-        slow_step = lo.strategy.runtime.tp_ring_step_remote_pp_s
-        if slow_step and "pp" in node_crossing_axes(pl):  # each of the 10 rings' tp - 1 steps at its floor
-            exposed += 10 * (pl.tp - 1) * slow_step
         busiest = max(lo.ranks, key=lambda r: r.layers * exposed + (ag + rs) * (int(r.first) + int(r.last)))
         ends = int(busiest.first) + int(busiest.last)
         per_mb = busiest.layers * exposed + (ag + rs) * ends

@@ -46,6 +46,11 @@ print(" ".join(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in j
 EOF
 )
   [ -z "$NEED" ] || $PY -m pip install -q --no-index --find-links "$WHEELS" --no-deps --target "$SITE" $NEED
+  # Holistic Trace Analysis for step 5, --no-deps as `make install` installs it (requirements-nodeps.txt)
+  if [ -f "$WHEELS/requirements-nodeps.txt" ] && ! PYTHONPATH="$SITE" $PY -c "import hta" 2>/dev/null; then
+    $PY -m pip install -q --no-index --find-links "$WHEELS" --no-deps --target "$SITE" -r "$WHEELS/requirements-nodeps.txt"
+    NEED="$NEED $(tr '\n' ' ' <"$WHEELS/requirements-nodeps.txt")"
+  fi
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   echo "== python3 $($PY -c 'import sys; print(sys.version.split()[0])'); from $WHEELS/ into $SITE: ${NEED:-nothing}"
 fi

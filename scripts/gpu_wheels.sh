@@ -9,7 +9,8 @@
 #
 # What is carried: brigade's runtime dependencies for a GPU run (the Hydra launcher, W&B, plotly for the
 # report, rich, PyYAML) and everything they need, at the versions this repository's .venv holds (installed
-# from requirements.txt: one place for the pins). Not torch, numpy, pandas or matplotlib (the GPU machine's
+# from requirements.txt: one place for the pins), and the packages of requirements-nodeps.txt (Holistic Trace
+# Analysis for gpu_check.sh's step 5, installed there --no-deps as `make install` does here). Not torch, numpy, pandas or matplotlib (the GPU machine's
 # python brings its own), not DeepSpeed (a DeepSpeed run needs its CUDA ops built there: install it by hand).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,16 @@ for pin in $PINS; do
 done
 # what gpu_check.sh asks pip for there: the roots at their pins (pip resolves the rest from the wheels)
 for root in $ROOTS; do grep -i "^$root==" <<<"$PINS"; done >"$DEST/requirements.txt"
+# requirements-nodeps.txt's pins, as they stand there (installed --no-deps: their declared dependencies are
+# notebooks' and are not carried)
+NODEPS=$(grep -oE '^[A-Za-z0-9_.-]+==[^ #]+' requirements-nodeps.txt)
+for pin in $NODEPS; do
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d "$DEST" "$pin" >/dev/null
+done
+printf '%s\n' $NODEPS >"$DEST/requirements-nodeps.txt"
 n=$(ls "$DEST"/*.whl | wc -l)
+want=$(printf '%s\n' $PINS $NODEPS | sed 's/==.*//' | tr 'A-Z_.' 'a-z--' | sort -u | wc -l)
 echo "$n wheels in $DEST ($(du -sh "$DEST" | cut -f1)) for Python $PYVER: copy $DEST/ along with the repository; scripts/gpu_check.sh installs from it"
-[ "$n" -eq "$(wc -w <<<"$PINS")" ] || { echo "expected $(wc -w <<<"$PINS") wheels" >&2; exit 1; }
+[ "$n" -eq "$want" ] || { echo "expected $want wheels" >&2; exit 1; }

@@ -47,6 +47,9 @@ def test_wheels_made_here_install_offline_beside_a_bare_python(tmp_path):
     imported = subprocess.run([base, "-c", "import hydra, omegaconf, submitit, wandb, plotly; print(hydra.__version__)"],
                               capture_output=True, text=True, env={**env, "PYTHONPATH": str(site)})
     assert imported.stdout.strip() == "1.3.8", imported.stderr
+    hta = subprocess.run([base, "-c", "import hta, networkx, psutil; print('hta')"], capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(site)})
+    assert hta.stdout.strip() == "hta", hta.stderr  # step 5's side-by-side, carried too
 
 
 def _python_blocks(script: str) -> list[str]:

@@ -54,6 +54,20 @@ def degrees(dims: dict, sep: str = " ") -> str:
     return sep.join(f"{a.short}{dims[a.name]}" for a in AXES if (dims.get(a.name) or 1) > 1) or "1"
 
 
+FAMILY_AXES = ("tp", "pp", "cp", "ep")  # the axes a layout family names; data parallelism alone is `dp`
+
+
+def family(degrees: dict, ranks_per_node: int) -> str:
+    """The layout family validation errors are kept by (harness/costmodel/family_errors.json): which of tp, pp,
+    cp and ep are over 1 (`dp` where none is), tp as `tp>node` where a TP group spans nodes, then `in node` or
+    `across nodes` as the layout's ranks fit one node or not (data parallel and pipeline groups cross first,
+    PLACEMENT). degrees: a record's, a config's or ParallelDims' degrees, dp among them."""
+    tp = int(degrees.get("tp") or 1)
+    axes = [("tp>node" if tp > ranks_per_node else "tp") if a == "tp" else a
+            for a in FAMILY_AXES if int(degrees.get(a) or 1) > 1]
+    return f"{'+'.join(axes) or 'dp'} {'across nodes' if world_size(degrees) > ranks_per_node else 'in node'}"
+
+
 class ConfigError(ValueError):
     """A config that cannot run. The message shows the arithmetic."""
 

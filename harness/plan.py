@@ -15,7 +15,9 @@ to an existing strategy (harness/catalog.py strategy_for). Each candidate is eva
 `harness.predict` uses (harness.costmodel: `layout` once per parallel layout, then for every micro-batch size and
 checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima only), the rest are
 ranked by predicted tokens/s. The table says why each wins: its efficiency and what it loses to
-exposed communication and the bubble, its memory headroom, and what separates it from the next one.
+exposed communication and the bubble, its memory headroom, and what separates it from the next one; and how sure
+each prediction is: its layout family's validation error (harness/costmodel/family_errors.py). Where a layout
+`--run-top K` would run is of a family whose error is large, an `unsure:` line says so and recommends that K.
 
 `--run-top K` (or plan.run_top=K) hands the best K distinct layouts (by default distinct parallel
 degrees dp, dp_replicate, tp, pp, ep, each with its best strategy, schedule, ZeRO stage, micro-batch size and
@@ -43,12 +45,13 @@ from rich.table import Table
 
 from harness import catalog
 from harness.config import CONF_DIR, StrategyConfig, compose_run
+from harness.costmodel import family_errors
 from harness.costmodel.estimate import finish
 from harness.costmodel.flops import model_flops_per_step
 from harness.costmodel.inputs import Hardware, Model, StrategyKnobs, ranks_per_node
 from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.memory_peak import memory_peak
-from harness.dims import AXES, DEGREES
+from harness.dims import AXES, DEGREES, family
 from harness.run.results_file import read, records_path
 from harness.tools import plan_check
 from harness.tools.plan_dryrun import dryrun_top
@@ -182,13 +185,14 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
 
     hw = run.hardware
     gib = hw.memory_GiB
+    rpn = ranks_per_node(Hardware.of(hw), counts["gpus"], run.launcher.nodes)
     peak = hw.peak_tflops.get(catalog.PEAK_KEY[run.workload.precision])
     flops = model_flops_per_step(run.model, run.workload.global_batch_size)
     t = Table(title=f"{run.model.name} on {counts['gpus']} x {hw.name}, global batch {run.workload.global_batch_size} "
                     f"x {run.model.seq_len} tokens, {run.workload.precision}: top {min(k, len(cands))} by predicted "
                     f"tokens/s\n{network(run)}", title_justify="left", header_style="bold")
     for col in ("#", "strategy", *(a.short for a in AXES), "ZeRO", "mb", "m", "ckpt", "step s", "tokens/s",
-                "MFU %", "mem GiB", "across nodes", "why"):
+                "MFU %", "mem GiB", "across nodes", "family error", "why"):
         t.add_column(col, justify="left" if col in ("strategy", "ckpt", "why") else "right")
     for i, c in enumerate(cands[:k]):
         p = c.pred
@@ -201,8 +205,33 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
                   *(str(getattr(c, a.name)) for a in AXES), str(c.zero), str(c.mb), str(c.m), c.ckpt,
                   f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
-                  ", ".join(c.crosses) or "none", why(c, nxt, gib * 1024**3))
+                  ", ".join(c.crosses) or "none", family_errors.short(layout_family(c, rpn), hw.device),
+                  why(c, nxt, gib * 1024**3))
     return t
+
+
+def layout_family(c: Candidate, rpn: int) -> str:
+    """The candidate's layout family (harness/dims.py family), the key of its validation error."""
+    return family({"dp": c.dp, "tp": c.tp, "pp": c.pp, "ep": c.ep, "cp": c.cp}, rpn)
+
+
+def unsure(cands: list[Candidate], run, gpus: int, running: int) -> str | None:
+    """Where a layout `--run-top K` would run (K: harness/costmodel/family_errors.json's) is of a family whose
+    validation error is large (family_errors.LARGE_P90_PCT), the line that says so and recommends running them."""
+    rt = family_errors.run_top()
+    top = plan_check.distinct_layouts(cands, rt["k"], run.plan.run_top_by)
+    rpn = ranks_per_node(Hardware.of(run.hardware), gpus, run.launcher.nodes)
+    device = run.hardware.device
+    fams = [f for f in dict.fromkeys(layout_family(c, rpn) for c in top) if family_errors.large(f, device)]
+    if not fams:
+        return None
+    advice = ("" if running >= rt["k"] else
+              f"; measure before you choose: --run-top {rt['k']} (with it, plan's top {rt['k']} held a layout within "
+              f"{plan_check.WITHIN:.0%} of the measured best in {rt['groups_found']} of {rt['groups']} (model, node "
+              f"count) groups of the Playbook sweep's development half; docs/playbook.md)")
+    return (f"unsure: of the top {len(top)} layouts, {'; '.join(family_errors.short(f, device) for f in fams)} "
+            f"{'is' if len(fams) == 1 else 'are'} over {family_errors.LARGE_P90_PCT:.0f} %, so the ranking may be "
+            f"wrong{advice}")
 
 
 def hints(run, gpus: int) -> list[str]:
@@ -262,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory, {counts['over_memory']} over "
                   f"{run.hardware.memory_GiB:g} GiB; global batch {run.workload.global_batch_size} "
                   f"(workload.global_batch_size) fixes the micro-batch count m = global / (dp * mb)")
+    if cands and (line := unsure(cands, run, gpus, top or 0)):
+        console.print(f"[yellow]{line}[/]", soft_wrap=True)
     for line in hints(run, gpus):
         console.print(f"[yellow]note: {line}[/]")
     rc = 0

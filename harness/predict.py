@@ -19,9 +19,10 @@ import sys
 
 from harness.catalog import fp32_on_gpu_note
 from harness.config import as_dict, compose_run
-from harness.costmodel import predict
+from harness.costmodel import family_errors, predict
+from harness.costmodel.inputs import Hardware, ranks_per_node
 from harness.costmodel.memory_peak import TERMS
-from harness.dims import COMM_AXES, ConfigError
+from harness.dims import COMM_AXES, ConfigError, family
 from harness.labels import base_label, nbytes
 from harness.run.record import Status
 from harness.validate import validate
@@ -39,7 +40,9 @@ def predict_overrides(overrides: list[str]) -> dict:
         out = predict(run, dims)
     except ConfigError as e:
         return {"status": Status.INVALID, "error": str(e), "config": config}
-    return {"status": Status.OK, **out, **not_run, "dims": dims.as_dict(), "config": config}
+    fam = family(dims.as_dict(), ranks_per_node(Hardware.of(run.hardware), dims.world_size, run.launcher.nodes))
+    return {"status": Status.OK, **out, **not_run, "family": fam,
+            "family_error": family_errors.of(fam, run.hardware.device), "dims": dims.as_dict(), "config": config}
 
 
 def summary(out: dict) -> str:
@@ -54,6 +57,7 @@ def summary(out: dict) -> str:
              f"{out.get('comm_exposed_time_s', 0):.4g} s, bubble {out.get('bubble_time_s', 0):.4g} s)",
              f"  throughput     {out['tokens_per_s']:.4g} tokens/s, {out['tokens_per_s_per_device']:.4g} per device, "
              f"MFU {out['mfu_pct']:.1f} %",
+             f"  how sure       {family_errors.line(out['family'], c['hardware']['device'])}",
              f"  memory/device  model states {nbytes(out['model_states_bytes'])}, activations at their most "
              f"{nbytes(out['activations_bytes'])}, peak {nbytes(out['peak_mem_bytes'])}"
              + ("" if out.get("fits_in_memory", True) else "  (does NOT fit)"),

@@ -32,7 +32,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from harness import catalog
+from harness import catalog, dims
 from harness.costmodel import predict
 from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import layout
@@ -89,13 +89,8 @@ def load(path: Path = DATA) -> list[dict]:
 
 
 def family(row: dict) -> str:
-    """The layout family: which of tp and pp are over 1 (dp alone: `dp`), tp over a node's 8 GPUs marked `tp>8`."""
-    axes = [("tp>8" if row["tp"] > GPUS_PER_NODE else "tp") if row["tp"] > 1 else "", "pp" if row["pp"] > 1 else ""]
-    return "+".join(a for a in axes if a) or "dp"
-
-
-def crosses_nodes(row: dict) -> bool:
-    return row["gpus"] > GPUS_PER_NODE
+    """The row's layout family, as predict and plan name it (harness/dims.py family)."""
+    return dims.family({"dp": row["dp"], "tp": row["tp"], "pp": row["pp"]}, GPUS_PER_NODE)
 
 
 def strategy_overrides(row: dict) -> list[str]:
@@ -149,7 +144,7 @@ def predict_row(row: dict, compose, extra: tuple = ()) -> dict:
     out = {"index": row["index"], "model": row["model_label"], "nodes": row["nodes"], "gpus": row["gpus"],
            "dp": row["dp"], "tp": row["tp"], "pp": row["pp"], "zero": row["zero_stage"], "mbs": row["mbs"],
            "grad_acc": row["grad_acc"], "status": row["status"], "ran": row["ran"], "family": family(row),
-           "crosses_nodes": crosses_nodes(row), "measured_tokens_per_s_per_gpu": row["tok_s_gpu"],
+           "measured_tokens_per_s_per_gpu": row["tok_s_gpu"],
            "measured_mem_GiB": row["mem_GB_rank0"], "refused": None, "predicted_tokens_per_s_per_gpu": None,
            "fits_in_memory": None, "predicted_mem_GiB": None, "ratio": None, "mem_ratio": None}
     run = compose(overrides(row) + list(extra))
@@ -301,9 +296,10 @@ def print_report(results: list[dict], rows: bool) -> None:
                   f"{r['measured_mem_GiB'] or 0:>5.1f} {r['predicted_mem_GiB'] or 0:>5.1f}"
                   + (f"  refused: {r['refused']}" if r["refused"] else "")
                   + ("  predicted OOM" if r["fits_in_memory"] is False else ""))
-    print(f"\n{'model':<5} {'nodes':>5} {'family':<9} {'n':>4} {'median|err|%':>13} {'p90|err|%':>10} {'geomean':>8}")
+    print(f"\n{'model':<5} {'nodes':>5} {'family':<24} {'n':>4} {'median|err|%':>13} {'p90|err|%':>10} {'geomean':>8}")
     for (model, nodes, fam), s in families(results).items():
-        print(f"{model:<5} {nodes:>5} {fam:<9} {s['n']:>4} {s['median_abs_err_pct']:>13.1f} {s['p90_abs_err_pct']:>10.1f} "
+        print(f"{model:<5} {nodes:>5} {fam:<24} {s['n']:>4} {s['median_abs_err_pct']:>13.1f} "
+              f"{s['p90_abs_err_pct']:>10.1f} "
               f"{s['geomean_ratio']:>8.2f}")
     print(f"\n{'model':<5} {'nodes':>5} {'rho':>5} {'within 10%':>10} {'regret%':>8}  pick -> measured / best measured")
     for (model, nodes), g in groups(results).items():

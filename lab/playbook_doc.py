@@ -13,6 +13,8 @@ import math
 import sys
 from pathlib import Path
 
+from harness.costmodel import family_errors
+from lab import family_errors as family_table
 from lab import playbook, published, published_doc
 from lab.published_memory import summarise_memory
 
@@ -101,8 +103,9 @@ def render(results: list[dict], published_results: list[dict]) -> str:
         "",
         "## By model, node count and layout family",
         "",
-        "Families: which of tp and pp are over 1 (`dp`: data parallel alone), `tp>8` where the tensor-parallel "
-        "group spans nodes. Runs that ran.",
+        "Families (harness/dims.py `family`, as `predict` and `plan` name them): which of tp and pp are over 1 "
+        "(`dp`: data parallel alone), `tp>node` where the tensor-parallel group spans nodes, then in node or across "
+        "nodes. Runs that ran.",
         "",
     ]
     for model in dict.fromkeys(k[0] for k in fams):
@@ -112,7 +115,34 @@ def render(results: list[dict], published_results: list[dict]) -> str:
         out += [f"| {n} | {f} | {v['n']} | {v['median_abs_err_pct']:.1f} / {v['p90_abs_err_pct']:.1f} % | "
                 f"{v['geomean_ratio']:.3f} | {v['within_15_pct']} |" for (m, n, f), v in fams.items() if m == model]
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + how_sure(family_table.table(results, published_results)))
+
+
+def how_sure(t: dict) -> list[str]:
+    """The section on harness/costmodel/family_errors.json: what predict and plan print beside a prediction."""
+    k = t["run_top"]
+    return [
+        "## How sure a prediction is",
+        "",
+        "`python -m harness.predict` prints beside its figures, and `python -m harness.plan` in a column per layout, "
+        "the validation error of the layout's family over both sets: this page's runs that ran and the published "
+        "set's fitting half. Where a layout among plan's top K is of a family whose p90 |error| is over "
+        f"{family_errors.LARGE_P90_PCT:.0f} % (`LARGE_P90_PCT`, harness/costmodel/family_errors.py), or of a family "
+        f"no validation run has, plan prints an `unsure:` line that recommends `--run-top {k['k']}`: {k['derivation']}. "
+        "The errors are GPU runs', so on a CPU profile neither is shown. predict and plan read "
+        "harness/costmodel/family_errors.json, written by `python -m lab.family_errors --write` from the figures on "
+        "this page; tests/test_family_errors.py checks that it is current.",
+        "",
+        "| family | runs | median / p90 abs. error | geomean ratio | playbook runs | published runs |",
+        "|---|--:|---|--:|--:|--:|",
+        *(f"| {f} | {v['all']['n']} | {v['all']['median_abs_err_pct']:.1f} / {v['all']['p90_abs_err_pct']:.1f} % | "
+          f"{v['all']['geomean_ratio']:.3f} | {v['playbook']['n']} | {v['published']['n']} |"
+          for f, v in t["families"].items()),
+        "",
+        "K per group, the K at which plan's top K held a layout within 10 % of the measured best: "
+        + ", ".join(f"{g} {v if v is not None else 'none'}" for g, v in k["per_group"].items()) + ".",
+        "",
+    ]
 
 
 def playbook_doc() -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from harness import catalog
+from harness import catalog, dims
 from harness.config import compose_run
 from harness.costmodel import predict
 from harness.validate import validate
@@ -147,6 +147,8 @@ def predict_row(row: dict, model: dict, compose) -> dict:
             "device_memory_GiB": pred["device_memory_bytes"] / 1024**3,
             "fits_in_memory": pred["fits_in_memory"], "predicted_mfu_pct": pred["mfu_pct"],
             "fabric": row.get("fabric") or "inter_node", "placement": placement_label(row, run),
+            "family": dims.family({"dp": row["gpus"] // (row["tp"] * row["pp"]), "tp": row["tp"], "pp": row["pp"]},
+                                  run.hardware.devices_per_node),
             **memory_fields(row, pred)}
 
 

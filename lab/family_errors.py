@@ -2,6 +2,7 @@
 
     python -m lab.family_errors            # the table as it stands, beside the committed one
     python -m lab.family_errors --write    # write harness/costmodel/family_errors.json (predict and plan read it)
+    python -m lab.playbook_doc             # the same file, with docs/playbook.md, from one pass
 
 Each validation row that has a prediction and a measurement is put in its layout family (harness/dims.py
 `family`: which of tp, pp, cp, ep are over 1, tp spanning nodes, in node or across nodes): the Playbook
@@ -88,7 +89,7 @@ def table(play: list[dict] | None = None, pub: list[dict] | None = None) -> dict
     """What harness/costmodel/family_errors.json holds, computed now."""
     play = playbook.run_all() if play is None else play
     pub = published.run_all("fitting") if pub is None else pub
-    return {"generated_by": "python -m lab.family_errors --write",
+    return {"generated_by": "python -m lab.playbook_doc (with docs/playbook.md) or python -m lab.family_errors --write",
             "error": "|predicted / measured - 1| of tokens/s per device; geomean_ratio: predicted / measured",
             "sets": {"playbook": "lab/playbook.py: the Playbook sweep's development half, the rows that ran, predicted",
                      "published": "lab/published.py: the published set's fitting half"},
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     k = t["run_top"]
     print(f"\n--run-top {k['k']}: {k['derivation']}\n  per group: {k['per_group']}")
     if not args.write and committed.TABLE.exists() and committed.TABLE.read_text() != dumps(t):
-        print(f"\n{committed.TABLE} is stale: python -m lab.family_errors --write")
+        print(f"\n{committed.TABLE} is stale: python -m lab.playbook_doc (page and table)")
     return 0
 
 

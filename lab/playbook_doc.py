@@ -1,4 +1,5 @@
-"""docs/playbook.md, written by `python -m lab.playbook_doc` (never by hand).
+"""docs/playbook.md, written by `python -m lab.playbook_doc` (never by hand), and beside it the table predict and
+plan read, harness/costmodel/family_errors.json (lab/family_errors.py), from the same pass.
 
 The page holds what `python -m lab.playbook` prints, summarised for a reader: the development half of the
 Playbook sweep against the cost model (every figure the sweep can check: throughput, rank-0 memory, the
@@ -130,8 +131,9 @@ def how_sure(t: dict) -> list[str]:
         f"{family_errors.LARGE_P90_PCT:.0f} % (`LARGE_P90_PCT`, harness/costmodel/family_errors.py), or of a family "
         f"no validation run has, plan prints an `unsure:` line that recommends `--run-top {k['k']}`: {k['derivation']}. "
         "The errors are GPU runs', so on a CPU profile neither is shown. predict and plan read "
-        "harness/costmodel/family_errors.json, written by `python -m lab.family_errors --write` from the figures on "
-        "this page; tests/test_family_errors.py checks that it is current.",
+        "harness/costmodel/family_errors.json, written with this page by `python -m lab.playbook_doc` (alone: "
+        "`python -m lab.family_errors --write`) from the figures on it; tests/test_family_errors.py checks that it is "
+        "current.",
         "",
         "| family | runs | median / p90 abs. error | geomean ratio | playbook runs | published runs |",
         "|---|--:|---|--:|--:|--:|",
@@ -149,13 +151,16 @@ def playbook_doc() -> str:
     return render(playbook.run_all(), published.run_all())
 
 
-def write(path: Path = DOC) -> Path:
-    path.write_text(playbook_doc())
-    return path
+def write(path: Path = DOC, table: Path = family_errors.TABLE) -> list[Path]:
+    """The page and, from the same pass, harness/costmodel/family_errors.json (what its "How sure" section shows)."""
+    play, pub = playbook.run_all(), published.run_all()
+    path.write_text(render(play, pub))
+    table.write_text(family_table.dumps(family_table.table(play, pub)))
+    return [path, table]
 
 
 def main() -> int:
-    print(f"wrote {write()}")
+    print("wrote " + ", ".join(str(p) for p in write()))
     return 0
 
 

@@ -44,7 +44,7 @@ def test_playbook_rows_are_keyed_by_the_same_function():
 
 def test_the_committed_table_is_what_lab_computes_now():
     assert family_errors.TABLE.read_text() == family_table.dumps(family_table.table()), \
-        "harness/costmodel/family_errors.json is stale: python -m lab.family_errors --write"
+        "harness/costmodel/family_errors.json is stale: python -m lab.playbook_doc (page and table)"
 
 
 def test_run_top_k_finds_a_layout_within_10_pct_at_its_rank():

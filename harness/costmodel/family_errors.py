@@ -1,7 +1,7 @@
 """How sure a prediction is: the validation error of its layout family (harness/dims.py `family`), as
-family_errors.json holds it. `python -m lab.family_errors --write` generates that file from the sets in lab/
-(the Playbook sweep's development half and the published set's fitting half); the harness reads the committed
-file and never imports lab/. `predict` prints a config's family error and `plan` each layout's; where a top
+family_errors.json holds it. `python -m lab.playbook_doc` (with docs/playbook.md; alone: `python -m
+lab.family_errors --write`) generates that file from the sets in lab/ (the Playbook sweep's development half and
+the published set's fitting half); the harness reads the committed file and never imports lab/. `predict` prints a config's family error and `plan` each layout's; where a top
 layout's family error is large (LARGE_P90_PCT), `plan` says so and recommends `--run-top K` with the table's K.
 """
 from __future__ import annotations

@@ -216,10 +216,11 @@ def layout_family(c: Candidate, rpn: int) -> str:
 
 
 def unsure(cands: list[Candidate], run, gpus: int, running: int) -> str | None:
-    """Where a layout `--run-top K` would run (K: harness/costmodel/family_errors.json's) is of a family whose
-    validation error is large (family_errors.LARGE_P90_PCT), the line that says so and recommends running them."""
+    """Where a layout the table shows (plan.top_k) or `--run-top K` would run (K: harness/costmodel/family_errors.json's)
+    is of a family whose validation error is large (family_errors.LARGE_P90_PCT), the line that says so and
+    recommends running the top K."""
     rt = family_errors.run_top()
-    top = plan_check.distinct_layouts(cands, rt["k"], run.plan.run_top_by)
+    top = cands[:run.plan.top_k] + plan_check.distinct_layouts(cands, rt["k"], run.plan.run_top_by)
     rpn = ranks_per_node(Hardware.of(run.hardware), gpus, run.launcher.nodes)
     device = run.hardware.device
     fams = [f for f in dict.fromkeys(layout_family(c, rpn) for c in top) if family_errors.large(f, device)]
@@ -227,9 +228,9 @@ def unsure(cands: list[Candidate], run, gpus: int, running: int) -> str | None:
         return None
     advice = ("" if running >= rt["k"] else
               f"; measure before you choose: --run-top {rt['k']} (with it, plan's top {rt['k']} held a layout within "
-              f"{plan_check.WITHIN:.0%} of the measured best in {rt['groups_found']} of {rt['groups']} (model, node "
+              f"{100 * plan_check.WITHIN:.0f} % of the measured best in {rt['groups_found']} of {rt['groups']} (model, node "
               f"count) groups of the Playbook sweep's development half; docs/playbook.md)")
-    return (f"unsure: of the top {len(top)} layouts, {'; '.join(family_errors.short(f, device) for f in fams)} "
+    return (f"unsure: among the top layouts, {'; '.join(family_errors.short(f, device) for f in fams)} "
             f"{'is' if len(fams) == 1 else 'are'} over {family_errors.LARGE_P90_PCT:.0f} %, so the ranking may be "
             f"wrong{advice}")
 

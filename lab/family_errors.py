@@ -79,7 +79,7 @@ def run_top_k(play: list[dict]) -> dict:
     return {"k": k, "groups": len(ks), "groups_found": covered,
             "rule": "every group" if every else f"{COVER:.0%} of the groups",
             "derivation": f"the smallest K at which plan --run-top K (distinct dp, tp, pp, each its best predicted "
-                          f"row) runs a layout measuring within {WITHIN:.0%} of the measured best, in "
+                          f"row) runs a layout measuring within {100 * WITHIN:.0f} % of the measured best, in "
                           f"{'every' if every else f'{COVER:.0%} of the'} (model, node count) group of the Playbook "
                           f"sweep's development half ({covered} of {len(ks)})",
             "per_group": {f"{m} on {n} node{'s' if n > 1 else ''}": v for (m, n), v in ks.items()}}

@@ -127,7 +127,8 @@ def how_sure(t: dict) -> list[str]:
         "",
         "`python -m harness.predict` prints beside its figures, and `python -m harness.plan` in a column per layout, "
         "the validation error of the layout's family over both sets: this page's runs that ran and the published "
-        "set's fitting half. Where a layout among plan's top K is of a family whose p90 |error| is over "
+        "set's fitting half. Where a layout the table shows (`plan.top_k`) or `--run-top K` would run is of a family "
+        "whose p90 |error| is over "
         f"{family_errors.LARGE_P90_PCT:.0f} % (`LARGE_P90_PCT`, harness/costmodel/family_errors.py), or of a family "
         f"no validation run has, plan prints an `unsure:` line that recommends `--run-top {k['k']}`: {k['derivation']}. "
         "The errors are GPU runs', so on a CPU profile neither is shown. predict and plan read "

@@ -14,7 +14,8 @@
                (comm.time_shared)
     host     = a runtime that launches each layer's kernels from Python in host_layer_s (conf/runtime/) bounds a
                micro-batch from below: a rank takes max(its compute, its layers x host_layer_s); a TP collective
-               runs while the device waits for the host (estimate.py)
+               runs while the device waits for the host (estimate.py); where its pipeline's sends cross nodes,
+               each layer's TP rings add their steps' floor to that bound (ring_chain_layer_s)
     exposed  = per mechanism (dp_comm.py): gradient buckets hide behind the backward they follow but for
                the last bucket; FSDP / ZeRO-3 gathers are prefetched one unit ahead, exposing the first
                unit and whatever exceeds the compute; the distributed optimizer's gathers hide behind
@@ -64,7 +65,7 @@ class AxisComm:
 def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
     times = microbatch_times(lo, mb)
     per_rank, slowest, slowest_matmul, slowest_parts, wait = {}, 0.0, 0.0, (0.0, 0.0), 0.0
-    host_layer_s = lo.strategy.runtime.host_layer_s
+    host_layer_s = lo.strategy.runtime.host_layer_s + ring_chain_layer_s(lo)
     for rank in lo.ranks:
         matmul, elementwise = times.rank_time(rank, ckpt)
         # the host launches a layer's kernels in host_layer_s (runtime profile); the device waits where it is faster
@@ -80,6 +81,20 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
     return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
                        busy, pipe_s, idle_mean_s, attention_s=m * slowest_parts[0] * busy,
                        host_s=m * (slowest_parts[1] + wait) * busy, accumulate_s=accumulate_s, host_wait_s=m * wait)
+
+
+NANOTRON_RINGS_PER_LAYER = 10  # nanotron_tp: 6 all-gathers and 4 reduce-scatters a layer and micro-batch
+
+
+def ring_chain_layer_s(lo) -> float:
+    """A layer's floor per micro-batch from its TP rings where the runtime's pipeline sends cross nodes (runtime
+    tp_ring_step_remote_pp_s, conf/runtime/nanotron.yaml says what was measured): every step of the layer's
+    NANOTRON_RINGS_PER_LAYER rings waits that long, one after the other, whatever the micro-batch's size, while
+    the device computes what it can; the rank takes the longer of the two (compute_time), as with the host."""
+    step, pl = lo.strategy.runtime.tp_ring_step_remote_pp_s, lo.place
+    if not step or pl.tp <= 1 or "pp" not in node_crossing_axes(pl):
+        return 0.0
+    return NANOTRON_RINGS_PER_LAYER * (pl.tp - 1) * step
 
 
 WARP_MAX_CHUNKS = 1024  # a CPU layout beyond this keeps the all-busy rate (a 2-core VM runs pp <= 4)
@@ -194,9 +209,7 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
     6 all-gathers and 4 reduce-scatters; each exposes what its overlapping GEMM does not cover. The first stage's
     embedding adds a reduce-scatter forward and an all-gather backward, the head's stage a column linear, both
     exposed; the norm weights' gradients are all-reduced once per step (sync_tied_weights_gradients). Where the
-    pipeline's sends cross nodes, every step of these rings takes at least the runtime's
-    tp_ring_step_remote_pp_s, and the GEMM beside a collective hides it as it hides the collective
-    (conf/runtime/nanotron.yaml says what was measured)."""
+    pipeline's sends cross nodes, the layer's rings also bound its micro-batch from below (ring_chain_layer_s)."""
     key = ("nanotron_tp", mb)
     if key not in lo.gemm_cache:
         md, pl, links = lo.model, lo.place, lo.links
@@ -204,9 +217,6 @@ def nanotron_tp(lo, mb: int, m: int) -> AxisComm:
         one = tokens * md.h * e
         ag = comm.call_s(links.tp_gather, "all_gather", pl.tp, one)
         rs = comm.call_s(links.tp_scatter, "reduce_scatter", pl.tp, one)
-        slow_step = lo.strategy.runtime.tp_ring_step_remote_pp_s
-        if slow_step and "pp" in node_crossing_axes(pl):  # each ring's tp - 1 steps at their floor, then overlapped
-            ag, rs = max(ag, (pl.tp - 1) * slow_step), max(rs, (pl.tp - 1) * slow_step)
         curve = lo.hw.gemm.get(lo.dtype)
 
         def gemm(shapes):  # forward seconds of the projections merged into one linear (one training GEMM's worth)

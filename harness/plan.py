@@ -46,18 +46,20 @@ from rich.table import Table
 from harness import catalog
 from harness.config import CONF_DIR, StrategyConfig, compose_run
 from harness.costmodel import family_errors
-from harness.costmodel.estimate import finish
+from harness.costmodel.estimate import finish, step_timing
 from harness.costmodel.flops import model_flops_per_step
 from harness.costmodel.inputs import Hardware, Model, StrategyKnobs, ranks_per_node
 from harness.costmodel.layout import layout, node_crossing_axes
-from harness.costmodel.memory_peak import memory_peak
+from harness.costmodel.memory_peak import memory_peak, rank_activations
 from harness.dims import AXES, DEGREES, family
 from harness.run.results_file import read, records_path
 from harness.tools import plan_check
 from harness.tools.plan_dryrun import dryrun_top
 from harness.tools.plan_reasons import network, why
 from harness.tools.plan_space import (
+    candidate_workload,
     divisors,
+    hsdp_dims,
     hsdp_prediction,
     hsdp_replicas,
     with_low_precision_params,
@@ -105,8 +107,12 @@ class Candidate:
         return out
 
 
-def search(run, gpus: int) -> tuple[list[Candidate], dict]:
-    """Evaluate every runnable layout; return (feasible candidates best first, counts)."""
+def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dict]:
+    """Evaluate every runnable layout; return (feasible candidates best first, counts). shortcuts: share
+    what does not depend on dp among a layout's HSDP variants (activations, per-token costs) and what does not
+    depend on the peak among them (the whole dp's time), and reject a config once its peak is certain to
+    exceed the device's memory (memory_peak's `over`); without them every config is priced on its own, in
+    full (the same list: tests/test_plan_search.py)."""
     m_cfg, hw_cfg, w = run.model, run.hardware, run.workload
     md, hw = Model.of(m_cfg), Hardware.of(hw_cfg)
     gbs, precision = w.global_batch_size, w.precision
@@ -161,20 +167,29 @@ def search(run, gpus: int) -> tuple[list[Candidate], dict]:
                                     if lo is None:  # what micro-batching and checkpointing do not change, once
                                         lo = layout(md, hw, st, dp, tp, pp, vpp, ep, precision, nodes)
                                         crosses = node_crossing_axes(lo.place)
-                                        shards = {r: layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes)
-                                                  for r in reps}
+                                        shards = {r: (layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes,
+                                                             per_token=lo.per_token if shortcuts else None),
+                                                      hsdp_dims(lo, r)) for r in reps}
                                     for ckpt in CHECKPOINTING:
+                                        # what no replica count changes: the activations (no dp in them) and,
+                                        # of the whole dp's prediction, its time (no peak in it), once
+                                        acts = rank_activations(lo, mb, m, ckpt) if shortcuts else None
+                                        timing, w_c = None, None
                                         for rep in (1, *reps):
                                             evaluated += 1
-                                            lo_states = shards[rep] if rep > 1 else lo
-                                            peak = memory_peak(lo_states, mb, m, ckpt)  # no time for what cannot fit
-                                            if peak.peak_bytes > mem_limit:
+                                            lo_states, dims_rep = shards[rep] if rep > 1 else (lo, None)
+                                            # no time for what cannot fit
+                                            peak = memory_peak(lo_states, mb, m, ckpt, acts, mem_limit if shortcuts else None)
+                                            if peak is None or peak.peak_bytes > mem_limit:
                                                 over_memory += 1
                                                 continue
-                                            pred = finish(lo, mb, m, ckpt, peak)
+                                            if not shortcuts or timing is None:
+                                                timing = step_timing(lo, mb, m, ckpt)
+                                            pred = finish(lo, mb, m, ckpt, peak, timing)
                                             if rep > 1:
+                                                w_c = w_c or candidate_workload(run, precision, mb, ckpt)
                                                 pred = hsdp_prediction(pred, finish(lo_states, mb, m, ckpt, peak), lo, st,
-                                                                       run, hw, mb, m, ckpt, rep)
+                                                                       run, hw, m, w_c, dims_rep)
                                             feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
                                                                       strat[0], knobs, pred, rep, crosses))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])

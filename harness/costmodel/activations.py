@@ -72,6 +72,8 @@ Micro-batches in flight per pipeline rank (what multiplies one micro-batch's act
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from harness import catalog
 from harness.costmodel.params import kv_dim, option
 
@@ -163,6 +165,7 @@ def loss_chunk_bytes(loss: str, chunk_tokens: int, tokens: int, V: int) -> float
     return 4 * V * min(chunk_tokens, tokens) if loss == "chunked" else 0.0
 
 
+@lru_cache(maxsize=65536)  # pure, and the planner asks for the same few thousand
 def in_flight(schedule: str, pp: int, vpp: int, m: int, pp_rank: int) -> float:
     """Micro-batches whose activations pipeline rank `pp_rank` holds at its peak, in units of one
     micro-batch through all the layers that rank holds."""
@@ -196,6 +199,7 @@ IN_FLIGHT = {
 LAST_STAGE_IN_FLIGHT = {"all": lambda pp, vpp, m: float(m)}
 
 
+@lru_cache(maxsize=65536)  # pure, and the planner asks for the same few thousand
 def split_backward_front(schedule: str, pp: int, vpp: int, m: int, pp_rank: int) -> tuple:
     """The (stage chunks held, weight passes deferred) pairs at which rank `pp_rank` can peak: a chunk is
     held from its forward to its weight pass, and a deferred one (its input pass run, its weight pass
@@ -218,6 +222,7 @@ def split_backward_front(schedule: str, pp: int, vpp: int, m: int, pp_rank: int)
     return tuple(p for p in points if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in points))
 
 
+@lru_cache(maxsize=65536)  # pure, and the planner asks for the same few thousand
 def last_stage_in_flight(schedule: str, pp: int, vpp: int, m: int) -> float:
     """Micro-batches whose head activations the last stage holds at its rank's peak."""
     if pp == 1 and vpp == 1:

@@ -62,6 +62,7 @@ class GemmCurve:
     half_ridge: float = 0.0  # c: intensity of half saturation / the ridge point R/B (0: no saturation)
     shapes: tuple = ()  # ((log M, log N, log K, FLOP/s), ...) measured GEMMs
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # (M, N, K) -> rate from `shapes`: the planner asks for the same few shapes per model
+    _times: dict | None = field(default=None, repr=False, compare=False)  # _shape_times' results on this curve's values
 
     @classmethod
     def of(cls, cfg, scale: float = 1.0) -> "GemmCurve":
@@ -202,27 +203,32 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     return out
 
 
-_SHAPE_TIMES: dict = {}  # the planner meets the same (shape, tp, tokens) in many layouts
+_SHAPE_TIMES: dict = {}  # a curve's values -> its _shape_times results: the planner meets the same (shape, tp,
+# tokens) in many layouts, and predict builds its curves afresh for every config
 
 
 def _shape_times(lo, tokens: float, curve: GemmCurve) -> tuple:
     """(one layer's GEMMs, its attention core, the head's GEMMs, the forward GEMMs selective_op recomputes)
     for `tokens` tokens, seconds."""
     md, pl, pt = lo.model, lo.place, lo.per_token
-    key = (curve.max_flops, curve.tile_m, curve.tile_n, curve.units, curve.points, curve.shapes, curve.half_ridge, md.shape,
-           md.cfg.attention, lo.hw.tensor_peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype),
-           lo.hw.attention_backward_efficiency.get(lo.dtype), pl.tp, tokens,
-           pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
-    if key not in _SHAPE_TIMES:
-        if len(_SHAPE_TIMES) > 65536:
+    cache = curve._times
+    if cache is None:  # the curve's values hashed once, not per call (its measured points and shapes are many)
+        if len(_SHAPE_TIMES) > 64:
             _SHAPE_TIMES.clear()
+        cache = curve._times = _SHAPE_TIMES.setdefault((curve.max_flops, curve.tile_m, curve.tile_n, curve.units,
+                                                        curve.points, curve.shapes, curve.half_ridge), {})
+    key = (md.shape, md.cfg.attention, lo.hw.tensor_peak.get(lo.dtype), lo.hw.attention_efficiency.get(lo.dtype),
+           lo.hw.attention_backward_efficiency.get(lo.dtype), pl.tp, tokens, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
+    if key not in cache:
+        if len(cache) > 65536:
+            cache.clear()
         gemm = layer_gemm_time(md, pl.tp, tokens, curve, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
         head = sum(gemm_time(curve, *g, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
                    for g in training_gemms(tokens, md.V / pl.tp, md.h))
         recompute = sum(gemm_time(curve, *g, pt.act_elem_bytes, lo.mem_bw, pl.slowdown)
                         for g in layer_projections(md, pl.tp, tokens)[SELECTIVE_OP_RECOMPUTED])
-        _SHAPE_TIMES[key] = (gemm, _core_time(lo, tokens, curve), head, recompute)
-    return _SHAPE_TIMES[key]
+        cache[key] = (gemm, _core_time(lo, tokens, curve), head, recompute)
+    return cache[key]
 
 
 def _core_time(lo, tokens: float, curve: GemmCurve) -> tuple[float, float]:

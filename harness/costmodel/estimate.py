@@ -13,17 +13,33 @@ than it has cores they time-share, so each rank's FLOP/s and bandwidth divide by
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import Layout, layout
 from harness.costmodel.memory_peak import TRANSIENT_TERMS, MemoryPeak, memory_peak
 from harness.costmodel.predict_figures import add_predict_figures
-from harness.costmodel.step_time import AxisComm, bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
+from harness.costmodel.step_time import AxisComm, ComputeTime, bubble, compute_time, dp_comm, ep_comm, pp_comm, tp_comm
 
 
-def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = None) -> dict:
-    """The prediction of a layout for micro-batch size mb, m micro-batches per step and a checkpointing
-    mode (peak: memory_peak(lo, mb, m, ckpt) when the caller has it already, as the planner does)."""
-    peak = peak or memory_peak(lo, mb, m, ckpt)
+@dataclass(slots=True)
+class StepTiming:
+    """What a prediction's time needs (finish): nothing in it depends on the memory peak, so the planner
+    computes it once for the layouts that differ only in their peak (HSDP's replica counts)."""
+    ct: ComputeTime
+    bubble_s: float
+    bubble_pct: float
+    dp: AxisComm
+    tp: AxisComm
+    pp: AxisComm
+    ep: AxisComm
+    comm_s: float
+    exposed_s: float
+    interference_s: float
+    step_s: float
+
+
+def step_timing(lo: Layout, mb: int, m: int, ckpt: str) -> StepTiming:
     ct = compute_time(lo, mb, m, ckpt)
     bubble_s, bubble_pct = bubble(lo, ct, m)
     dp, tp, pp, ep = (dp_comm(lo, ct, m), tp_comm(lo, mb, m), pp_comm(lo, mb, m, ct.microbatch_s), ep_comm(lo, mb, m))
@@ -33,8 +49,21 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
     exposed = dp.exposed_s + tp.exposed_s + pp.exposed_s + ep.exposed_s
     interference = overlap_interference_s(lo.hw, comm_s - exposed, ct.compute_s)
     step_s = ct.compute_s + bubble_s + exposed + interference
+    return StepTiming(ct, bubble_s, bubble_pct, dp, tp, pp, ep, comm_s, exposed, interference, step_s)
+
+
+def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = None,
+           timing: StepTiming | None = None) -> dict:
+    """The prediction of a layout for micro-batch size mb, m micro-batches per step and a checkpointing
+    mode (peak: memory_peak(lo, mb, m, ckpt) and timing: step_timing(lo, mb, m, ckpt) when the caller has
+    them already, as the planner does)."""
+    peak = peak or memory_peak(lo, mb, m, ckpt)
+    t = timing or step_timing(lo, mb, m, ckpt)
+    ct, dp, tp, pp, ep = t.ct, t.dp, t.tp, t.pp, t.ep
+    step_s, comm_s, exposed, interference = t.step_s, t.comm_s, t.exposed_s, t.interference_s
+    bubble_s, bubble_pct = t.bubble_s, t.bubble_pct
     tokens = mb * lo.model.s * m * lo.place.dp
-    w = peak.rank
+    w, terms = peak.rank, peak.terms
     out = {
         "step_time_s": step_s,
         "tokens_per_s": tokens / step_s,
@@ -50,10 +79,10 @@ def finish(lo: Layout, mb: int, m: int, ckpt: str, peak: MemoryPeak | None = Non
         "peak_mem_phase": peak.phase,  # loss | end of backward (memory_peak.py)
         "peak_mem_pp_rank": peak.rank.pp_rank,
         "grads_at_peak_bytes": peak.grads_bytes,
-        "comm_buffer_bytes": peak.bytes_of(("comm_buffers",)),
-        "fsdp_unsharded_bytes": peak.bytes_of(("fsdp_held",)),
+        "comm_buffer_bytes": terms.get("comm_buffers", 0),
+        "fsdp_unsharded_bytes": terms.get("fsdp_held", 0),
         "transient_bytes": peak.bytes_of(TRANSIENT_TERMS),
-        "allocator_bytes": peak.bytes_of(("allocator",)),
+        "allocator_bytes": terms.get("allocator", 0),
         # the pp rank with the most gradient bytes, whose reductions the step waits for (hsdp_cp's HSDP
         # replica all-reduce); not necessarily the rank with the highest memory peak
         "grads_bytes_most": max(r.grads_bytes for r in lo.ranks),

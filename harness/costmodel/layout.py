@@ -241,11 +241,13 @@ def logits_hops(split: tuple | None, pt: PerToken | None) -> tuple:
 
 
 def layout(md: Model, hw: Hardware, st: StrategyKnobs, dp: int, tp: int, pp: int, vpp: int, ep: int, precision: str,
-           nodes: int = 1, detail: bool = False, weight_decay: float = 0.0) -> Layout:
+           nodes: int = 1, detail: bool = False, weight_decay: float = 0.0, per_token: PerToken | None = None) -> Layout:
+    """per_token: per_token_costs(md, st, tp, precision) where the caller has it (no dp in it: the planner's
+    HSDP shard groups share their whole dp's)."""
     pl = placement(hw, dp, tp, pp, vpp, ep, nodes)
     split = stage_split(md.shape, pl.n_stages, st.stage_layers, st.runtime.pipeline_split)
     ranks = pipeline_ranks(md, st, pl, precision, detail, split)
-    pt = per_token_costs(md, st, tp, precision)
+    pt = per_token or per_token_costs(md, st, tp, precision)
     psi_rank = max(r.numel for r in ranks)
     rate = (hw.rate.get(catalog.PEAK_KEY[precision]) or hw.rate["fp32"]) / pl.slowdown
     # AdamW state is 8 B per element it updates: the rank with the most optimizer state steps longest

@@ -80,7 +80,8 @@ class MemoryPeak:
         return sum(self.terms.values())
 
     def bytes_of(self, keys) -> int:
-        return sum(self.terms.get(k, 0) for k in keys)
+        terms = self.terms
+        return sum([terms[k] for k in keys if k in terms])
 
     @property
     def grads_bytes(self) -> int:
@@ -247,30 +248,88 @@ def backward_end_transient_terms(lo, rank, mb: int, ckpt: str) -> dict:
     return out
 
 
-def memory_peak(lo, mb: int, m: int, ckpt: str) -> MemoryPeak:
+class RankActivations:
+    """What memory_peak needs of one pp rank for (mb, m, ckpt) beyond its model states: its activation terms
+    at its most micro-batches in flight, their sum, what autograd keeps then, autocast's copies, whether
+    gradients are live then, and (asked for the worst rank only) the same at the end of its first backward
+    and the transients of both phases. None of it depends on the dp degree beyond whether dp > 1 (the
+    layout's per-token costs, stages, schedule and FSDP unit sizes do not), so layouts that differ in dp
+    only share it (rank_activations)."""
+    __slots__ = ("lo", "rank", "mb", "m", "ckpt", "terms", "total", "autograd", "autocast", "live", "_rest",
+                 "_transients")
+
+    def __init__(self, lo, rank, mb: int, m: int, ckpt: str):
+        self.lo, self.rank, self.mb, self.m, self.ckpt = lo, rank, mb, m, ckpt
+        self.terms = rank_activation_terms(lo, rank, mb, m, ckpt)
+        self.total = sum(self.terms.values())
+        self.autocast = autocast_copies_bytes(lo, rank, m, ckpt)
+        self.autograd = sum(v for k, v in self.terms.items() if k in ACTIVATION_TERMS) + self.autocast
+        self.live = grads_live_at_loss(lo, rank, m)
+        self._rest, self._transients = None, {}
+
+    def rest(self) -> tuple[dict, float]:
+        """(activation terms, autocast's copies) at the end of the rank's first backward."""
+        if self._rest is None:
+            self._rest = (rank_activation_terms(self.lo, self.rank, self.mb, self.m, self.ckpt, rest=True),
+                          autocast_copies_bytes(self.lo, self.rank, self.m, self.ckpt, rest=True))
+        return self._rest
+
+    def transients(self, lo) -> tuple[dict, dict]:
+        """(transient_terms, backward_end_transient_terms) of the rank in layout lo (lo or one differing in dp only)."""
+        sharded = lo.place.dp > 1
+        if sharded not in self._transients:
+            self._transients[sharded] = (transient_terms(lo, self.rank, self.mb, self.ckpt),
+                                         backward_end_transient_terms(lo, self.rank, self.mb, self.ckpt))
+        return self._transients[sharded]
+
+
+def rank_activations(lo, mb: int, m: int, ckpt: str) -> tuple:
+    """RankActivations of every rank in lo.ranks, in its order: memory_peak's `acts` for lo and for every
+    layout that differs from it in dp only."""
+    return tuple(RankActivations(lo, rank, mb, m, ckpt) for rank in lo.ranks)
+
+
+# what rounding each term to whole bytes (peak_terms) can take off a peak, with room to spare
+ROUNDING_BYTES = len(TERMS)
+
+
+def memory_peak(lo, mb: int, m: int, ckpt: str, acts: tuple | None = None,
+                over: float | None = None) -> MemoryPeak | None:
     """The rank whose model states + activations are largest, with its buffers and transients, at the
-    larger of its two phases (module docstring)."""
-    worst, worst_total, worst_acts, most = None, -1.0, {}, 0.0
-    for rank in lo.ranks:
-        acts = rank_activation_terms(lo, rank, mb, m, ckpt)
-        most = max(most, _autograd_bytes(lo, rank, m, ckpt, acts))
-        if (total := rank.model_states_bytes + sum(acts.values())) > worst_total:
-            worst, worst_total, worst_acts = rank, total, acts
+    larger of its two phases (module docstring). acts: rank_activations(lo', mb, m, ckpt) of a layout lo'
+    that differs from lo in dp only, where the caller has it (the planner's HSDP shard groups).
+    over: a memory limit (bytes); None where the peak is over it for certain before its other terms are
+    priced: the loss phase's parameters, master copy, optimizer state, held FSDP state and activations
+    alone exceed it, every other term of that phase and the allocator's are >= 0, and the peak's phase
+    is the larger of the two."""
+    acts = acts or rank_activations(lo, mb, m, ckpt)
+    worst, worst_total, worst_a, most = None, -1.0, None, 0.0
+    for rank, a in zip(lo.ranks, acts, strict=True):
+        if a.rank.pp_rank != rank.pp_rank or a.mb != mb or a.m != m or a.ckpt != ckpt:
+            raise ValueError(f"activations of pp rank {a.rank.pp_rank} (mb {a.mb}, m {a.m}, {a.ckpt}) given for "
+                             f"pp rank {rank.pp_rank} (mb {mb}, m {m}, {ckpt})")
+        most = max(most, a.autograd)
+        if (total := rank.model_states_bytes + a.total) > worst_total:
+            worst, worst_total, worst_a = rank, total, a
     st = lo.strategy
     states = {"params": worst.params_bytes, "master": worst.master_bytes, "optimizer": worst.optimizer_bytes}
     # Megatron-LM's DDP (low_precision_params) all-reduces its contiguous fp32 grad buffer in place: no copies
     if lo.place.dp > 1 and ((st.uses_ddp and not st.low_precision_params) or st.state_sharding == "deepspeed"):
         states["comm_buffers"] = mem.comm_buffer_bytes(st.state_sharding, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
                                                        4 if lo.precision == "fp32" else 2, worst.numel)
-    live = grads_live_at_loss(lo, worst, m)
+    live = worst_a.live
+    held = fsdp_held_bytes(lo, worst, m, live)
+    if over is not None and lo.hw.allocator_overhead >= 0 and (states["params"] + states["master"] + states["optimizer"] + held + worst_a.total
+                             - ROUNDING_BYTES > over):
+        return None
+    at_loss, at_end = worst_a.transients(lo)
     loss = {"grads": grads_at_loss_bytes(lo, worst, m) if live else 0.0,
-            "fsdp_held": fsdp_held_bytes(lo, worst, m, live), **worst_acts,
-            "autocast_copies": autocast_copies_bytes(lo, worst, m, ckpt), **transient_terms(lo, worst, mb, ckpt)}
+            "fsdp_held": held, **worst_a.terms,
+            "autocast_copies": worst_a.autocast, **at_loss}
     # the end of a backward: a pipeline rank still holds its other micro-batches in flight
-    end = {"grads": worst.grads_bytes, "fsdp_held": fsdp_held_bytes(lo, worst, m, True),
-           **rank_activation_terms(lo, worst, mb, m, ckpt, rest=True),
-           "autocast_copies": autocast_copies_bytes(lo, worst, m, ckpt, rest=True),
-           **backward_end_transient_terms(lo, worst, mb, ckpt)}
+    rest_terms, rest_autocast = worst_a.rest()
+    end = {"grads": worst.grads_bytes, "fsdp_held": fsdp_held_bytes(lo, worst, m, True), **rest_terms,
+           "autocast_copies": rest_autocast, **at_end}
     phase, parts = ("end of backward", end) if sum(end.values()) > sum(loss.values()) else ("loss", loss)
     return MemoryPeak(worst, phase, peak_terms({**states, **parts}, lo.hw.allocator_overhead), most)
 

@@ -159,6 +159,7 @@ def local_block_numel(shape: tuple, tp: int, ep: int) -> int:
     return numel(block_tensors(shape, tp, ep))
 
 
+@lru_cache(maxsize=4096)
 def block_numel(shape: tuple, tp: int = 1) -> int:
     """Parameters of one block on one tp rank, a MoE block counted as its dense twin (one MLP)."""
     return numel(block_tensors(shape[:6] + (0,) + shape[7:], tp, 1))

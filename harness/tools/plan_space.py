@@ -37,14 +37,23 @@ def hsdp_replicas(dp: int, world: int, ranks_per_node: int) -> list[int]:
     return [r for r in divisors(dp) if 1 < r < dp]
 
 
-def hsdp_prediction(full: dict, shard: dict, lo, st, run, hw, mb: int, m: int, ckpt: str, rep: int) -> dict:
-    """The prediction of an HSDP layout from the two base estimates, as `predict` makes it
-    (harness/costmodel/hsdp_cp.py adjust): `full` at the whole dp, `shard` at its shard group."""
+def hsdp_dims(lo, rep: int) -> ParallelDims:
+    """The degrees of lo's layout with its dp axis split into rep replicas of dp / rep ranks (HSDP)."""
     pl = lo.place
-    w = replace(run.workload, micro_batch_size=mb, precision=lo.precision, activation_checkpointing=ckpt)
-    dims = ParallelDims(dp=pl.dp, tp=pl.tp, pp=pl.pp, vpp=pl.vpp, world_size=pl.world, dp_replicate=rep)
-    return hsdp_cp.adjust({**full, "ranks_per_node": pl.ranks_per_node}, shard, run.model, w,
-                            st.fsdp_accumulate, dims, hw, m)
+    return ParallelDims(dp=pl.dp, tp=pl.tp, pp=pl.pp, vpp=pl.vpp, world_size=pl.world, dp_replicate=rep)
+
+
+def candidate_workload(run, precision: str, mb: int, ckpt: str):
+    """The run's workload with a candidate's micro-batch size and checkpointing (what hsdp_cp.adjust reads)."""
+    return replace(run.workload, micro_batch_size=mb, precision=precision, activation_checkpointing=ckpt)
+
+
+def hsdp_prediction(full: dict, shard: dict, lo, st, run, hw, m: int, w, dims: ParallelDims) -> dict:
+    """The prediction of an HSDP layout from the two base estimates, as `predict` makes it
+    (harness/costmodel/hsdp_cp.py adjust): `full` at the whole dp, `shard` at its shard group; w:
+    candidate_workload, dims: hsdp_dims."""
+    full["ranks_per_node"] = lo.place.ranks_per_node  # `full` is the candidate's own: adjust completes it in place
+    return hsdp_cp.adjust(full, shard, run.model, w, st.fsdp_accumulate, dims, hw, m)
 
 
 def divisors(n: int) -> list[int]:

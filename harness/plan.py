@@ -170,6 +170,10 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
                                         shards = {r: (layout(md, hw, st, dp // r, tp, pp, vpp, ep, precision, nodes,
                                                              per_token=lo.per_token if shortcuts else None),
                                                       hsdp_dims(lo, r)) for r in reps}
+                                        for shard, _ in shards.values() if shortcuts else ():
+                                            if (shard.place.slowdown, shard.place.mem_slowdown) == \
+                                                    (lo.place.slowdown, lo.place.mem_slowdown):
+                                                shard.mb_times = lo.mb_times  # the same rates: the same layer times
                                     for ckpt in CHECKPOINTING:
                                         # what no replica count changes: the activations (no dp in them) and,
                                         # of the whole dp's prediction, its time (no peak in it), once

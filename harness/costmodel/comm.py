@@ -112,6 +112,16 @@ def collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: in
     = channels x per-channel speed; docs/published.md#nics), and its latency grows with the ranks and nodes
     the ring or tree passes (spanning_latency_s). A profile with a named fabric (hardware.fabric) prices
     every call across nodes on that fabric's measured curves instead (harness/costmodel/fabric.py)."""
+    cache = getattr(hw, "links", None)
+    if cache is None:
+        return _collective_link(hw, collective, n, stride, ranks_per_node)
+    key = (collective, n, stride, ranks_per_node)
+    if key not in cache:
+        cache[key] = _collective_link(hw, collective, n, stride, ranks_per_node)
+    return cache[key]
+
+
+def _collective_link(hw, collective: str, n: int, stride: int, ranks_per_node: int) -> Link:
     if not crosses_nodes(n, stride, ranks_per_node):
         table = hw.collectives.get(MEASURED_AS.get(collective, collective))
         if table:

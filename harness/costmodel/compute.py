@@ -167,9 +167,9 @@ class LayerTimes:
 
 
 def microbatch_times(lo, mb: int) -> LayerTimes:
-    """Layer and head times for a micro-batch of mb sequences (cached on the layout per mb)."""
-    if mb in lo.gemm_cache:
-        return lo.gemm_cache[mb]
+    """Layer and head times for a micro-batch of mb sequences (cached on the layout per mb, lo.mb_times)."""
+    if mb in lo.mb_times:
+        return lo.mb_times[mb]
     md, pt, pl = lo.model, lo.per_token, lo.place
     tokens = mb * md.s
     curve = lo.hw.gemm.get(lo.dtype)
@@ -199,7 +199,7 @@ def microbatch_times(lo, mb: int) -> LayerTimes:
     traffic = {c: tokens * pt.layer_traffic_bytes[c] / bw if bw else 0.0 for c in layer}
     out = LayerTimes(layer, traffic, head + head_host, tokens * pt.head_traffic_bytes / bw if bw else 0.0, cores,
                      host, head_host)
-    lo.gemm_cache[mb] = out
+    lo.mb_times[mb] = out
     return out
 
 

@@ -44,7 +44,7 @@ class Hardware:
     """A hardware profile in SI units: FLOP/s, bytes, seconds, bytes/s."""
     __slots__ = ("name", "device", "devices_per_node", "memory_bytes", "rate", "peak", "tensor_peak", "clock_scale", "intra", "inter", "nics_per_node", "hops",
                  "collectives", "mem_bw", "elem_bw", "gemm", "attention_efficiency", "attention_backward_efficiency", "op_dispatch_s", "ops_per_layer", "allocator_overhead",
-                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2", "fabric")
+                 "overlap_slowdown", "corun_gemm", "corun_memory", "dtensor", "fsdp2", "fabric", "links")
 
     @classmethod
     def of(cls, hw) -> "Hardware":
@@ -71,6 +71,7 @@ class Hardware:
         # the named fabric (conf/hardware/fabric/): prices every collective across nodes (fabric.py); absent:
         # the inter_node link above
         self.fabric = Fabric.of(getattr(hw, "fabric", None), self.hops)
+        self.links = {}  # comm.collective_link's answers on this profile: the planner asks for the same few often
         self.mem_bw = getattr(hw, "memory_bw_GBps", 0.0) * 1e9  # 0: memory-bound work not modelled
         self.collectives = _collective_table(hw.collectives or {})
         self.gemm = {k: GemmCurve.of(v, self.clock_scale) for k, v in dict(compute.get("gemm") or {}).items()}

@@ -113,7 +113,10 @@ class Layout:
     optimizer_traffic_bytes: float
     grad_elems: int
     fsdp_block_bytes: float
-    gemm_cache: dict = field(default_factory=dict)  # micro-batch size -> per-rank compute times
+    gemm_cache: dict = field(default_factory=dict)  # per-micro-batch-size figures step_time.py keeps
+    # micro-batch size -> layer and head times (compute.microbatch_times): shared by layouts that differ in dp
+    # only where their ranks' rates do (the planner's HSDP shard groups on a GPU)
+    mb_times: dict = field(default_factory=dict)
     optimizer_dispatch_s: float = 0.0  # CPU: the optimizer step's DTensor dispatch (tp > 1), FSDP2's step work
     elem_bw: float = 0.0  # bytes/s of one rank's element-wise operators (compute.py; 0: not modelled)
 

@@ -42,7 +42,10 @@ class StepTiming:
 def step_timing(lo: Layout, mb: int, m: int, ckpt: str) -> StepTiming:
     ct = compute_time(lo, mb, m, ckpt)
     bubble_s, bubble_pct = bubble(lo, ct, m)
-    dp, tp, pp, ep = (dp_comm(lo, ct, m), tp_comm(lo, mb, m), pp_comm(lo, mb, m, ct.microbatch_s), ep_comm(lo, mb, m))
+    key = ("tp_ep", mb, m)  # no checkpointing in them: once per micro-batching of the layout
+    if key not in lo.gemm_cache:
+        lo.gemm_cache[key] = (tp_comm(lo, mb, m), ep_comm(lo, mb, m))
+    (tp, ep), dp, pp = lo.gemm_cache[key], dp_comm(lo, ct, m), pp_comm(lo, mb, m, ct.microbatch_s)
     if ct.host_wait_s and tp.exposed_s:  # a TP collective queued behind the kernels runs while the device waits for the host
         tp = AxisComm(tp.bytes, tp.time_s, max(0.0, tp.exposed_s - ct.host_wait_s))
     comm_s = dp.time_s + tp.time_s + pp.time_s + ep.time_s

@@ -268,6 +268,7 @@ def summary(results: list[dict]) -> dict:
     regrets = sorted(g["regret"] for g in gs)
     return {
         "throughput": throughput_errors(ok),
+        "throughput_unstalled": throughput_errors([r for r in ok if not stalled(r)]),
         "memory_median_abs_err_pct": 100 * quantile(mem, 0.5) if mem else None,
         "memory_p90_abs_err_pct": 100 * quantile(mem, 0.9) if mem else None,
         "ran": len(ok), "ok_predicted_to_fit": sum(bool(r["fits_in_memory"]) for r in ok),
@@ -277,6 +278,46 @@ def summary(results: list[dict]) -> dict:
         "median_regret_pct": 100 * quantile(regrets, 0.5) if regrets else None,
         "median_rho": quantile(sorted(g["rho"] for g in gs if not math.isnan(g["rho"])), 0.5),
     }
+
+
+STALL_S_PER_MICROBATCH = 0.3  # an unexplained time per micro-batch this large marks a pipeline row as stalled
+STALL_RATIO = 1.4  # ... when it also makes the row this many times slower than predicted
+
+
+def stall_s_per_microbatch(r: dict) -> float:
+    """The measured step's time beyond the predicted one, per micro-batch (predicted / measured tokens/s = measured
+    / predicted step time)."""
+    return r["step_time_s"] * (r["ratio"] - 1) / r["grad_acc"]
+
+
+def stalled(r: dict) -> bool:
+    return r["pp"] > 1 and r["ratio"] is not None and r["ratio"] > STALL_RATIO and stall_s_per_microbatch(r) >= STALL_S_PER_MICROBATCH
+
+
+def pipeline_stalls(results: list[dict]) -> dict:
+    """Per node count, the pipeline rows (pp > 1, ran) that show a stall (`stalled`): how many, and the share by
+    the layout features that could decide it (ZeRO stage, model, micro-batch size, whether the pipeline's sends
+    cross nodes, pp); the median stall per micro-batch at pp 2 and at pp >= 4. A feature that decided it would
+    split a node count's rows into shares near 0 and 1."""
+    rows = [r for r in results if r["ratio"] is not None and r["pp"] > 1]
+    features = {"zero 0": lambda r: r["zero"] == 0, "zero 1": lambda r: r["zero"] == 1,
+                "1B": lambda r: r["model"] == "1B", "8B": lambda r: r["model"] == "8B",
+                "mbs 1": lambda r: r["mbs"] == 1, "mbs 2-8": lambda r: 2 <= r["mbs"] <= 8,
+                "mbs >= 16": lambda r: r["mbs"] >= 16,
+                "sends cross nodes": lambda r: r["dp"] * r["tp"] >= GPUS_PER_NODE,
+                "pp 2": lambda r: r["pp"] == 2, "pp >= 4": lambda r: r["pp"] >= 4}
+    out = {}
+    for nodes in sorted({r["nodes"] for r in rows}):
+        rs = [r for r in rows if r["nodes"] == nodes]
+        share = {}
+        for name, has in features.items():
+            sub = [r for r in rs if has(r)]
+            share[name] = (sum(map(stalled, sub)) / len(sub), len(sub)) if sub else None
+        per_mb = {k: sorted(stall_s_per_microbatch(r) for r in rs if stalled(r) and pick(r["pp"]))
+                  for k, pick in (("pp 2", lambda p: p == 2), ("pp >= 4", lambda p: p >= 4))}
+        out[nodes] = {"rows": len(rs), "stalled": sum(map(stalled, rs)), "share": share,
+                      "median_stall_s": {k: quantile(v, 0.5) if v else None for k, v in per_mb.items()}}
+    return out
 
 
 def families(results: list[dict]) -> dict:
@@ -316,6 +357,9 @@ def print_report(results: list[dict], rows: bool) -> None:
           f"{s['crashed_predicted_not_to_fit']} predicted not to fit + {s['crashed_refused']} refused of {s['crashed']}; "
           f"groups: pick within 10 % in {s['groups_within_10_pct']} of {s['groups']}, median regret "
           f"{s['median_regret_pct']:.1f} %, median rho {s['median_rho']:.2f}")
+    u = s["throughput_unstalled"]
+    print(f"without the {t['n'] - u['n']} stalled pipeline rows (stalled): median |error| {u['median_abs_err_pct']:.1f} %, "
+          f"p90 {u['p90_abs_err_pct']:.1f} % ({u['n']} rows)")
 
 
 def main(argv: list[str] | None = None) -> int:

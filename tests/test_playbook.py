@@ -94,3 +94,15 @@ def test_tp_ring_step_remote_pp_us_is_its_fit_on_the_development_half():
     fitted, rows = playbook.fit_tp_ring_step_remote_pp_us()
     assert rows >= 50
     assert compose_run(["runtime=nanotron"]).runtime.tp_ring_step_remote_pp_us == pytest.approx(fitted, abs=0.05)
+
+
+def test_a_pipeline_stall_is_a_large_unexplained_time_per_micro_batch():
+    """stalled: pp > 1, over STALL_RATIO slower than predicted, and at least STALL_S_PER_MICROBATCH beyond the
+    predicted step per micro-batch (measured step = predicted step x predicted / measured tokens/s)."""
+    row = {"pp": 2, "ratio": 3.0, "step_time_s": 1.0, "grad_acc": 4}  # 2 s more over 4 micro-batches: 0.5 s each
+    assert playbook.stall_s_per_microbatch(row) == pytest.approx(0.5)
+    assert playbook.stalled(row)
+    assert not playbook.stalled({**row, "pp": 1})
+    assert not playbook.stalled({**row, "grad_acc": 8})  # 0.25 s a micro-batch
+    assert not playbook.stalled({**row, "ratio": 1.3, "step_time_s": 10.0})  # 0.75 s each, but only 1.3x
+    assert not playbook.stalled({**row, "ratio": None})

@@ -224,6 +224,19 @@ class RuntimeConfig:
     # microseconds each step of a TP collective's ring takes, exposed, while the rank's pipeline sends cross nodes
     # (nanotron_async only); 0: not priced
     tp_ring_step_remote_pp_us: float = 0.0
+    # what a column-parallel matmul keeps for backward under sequence parallelism: gathered (its gathered input;
+    # brigade's DTensor plan) | sharded (its rank's sequence shard, gathered again in backward)
+    tp_saved_inputs: str = "gathered"
+    # where backward's 16-bit gradients go when the parameters are 16-bit (strategy.low_precision_params): in_place
+    # (accumulated into the fp32 main grad as each is made, Megatron-LM's) | after_backward (every parameter's 16-bit
+    # .grad is made by backward and added to the fp32 buffer once backward ends: all of them exist at its end)
+    grad_accumulation: str = "in_place"
+    # DDP's flat 16-bit bucket copies of the gradients beside the fp32 buffer, on ranks that DDP wraps (dp > 1 and
+    # no ZeRO): none (brigade's low-precision DDP reduces its fp32 buffer in place) | bf16 (torch DDP's reducer)
+    ddp_grad_buckets: str = "none"
+    # the caching allocator's reserved bytes beyond the allocated peak, a fraction of it, where the runtime's
+    # measured memory is torch's max reserved; absent (None): the hardware profile's compute.allocator_overhead
+    allocator_overhead: Optional[float] = None
     source: dict[str, str] = field(default_factory=dict)
 
 

@@ -106,3 +106,28 @@ def test_a_pipeline_stall_is_a_large_unexplained_time_per_micro_batch():
     assert not playbook.stalled({**row, "grad_acc": 8})  # 0.25 s a micro-batch
     assert not playbook.stalled({**row, "ratio": 1.3, "step_time_s": 10.0})  # 0.75 s each, but only 1.3x
     assert not playbook.stalled({**row, "ratio": None})
+def test_allocator_overhead_is_its_fit_on_the_development_half():
+    from harness.config import compose_run
+    fitted, rows = playbook.fit_allocator_overhead()
+    assert rows >= 1000
+    assert compose_run(["runtime=nanotron"]).runtime.allocator_overhead == pytest.approx(fitted, abs=0.005)
+
+
+def test_nanotron_memory_keys_move_only_their_terms():
+    """runtime=nanotron's memory keys, each set back to brigade's value: the column-parallel inputs kept as the
+    sequence shard shrink the layers' activations under TP; the fp32 accumulator after backward adds the 16-bit
+    grads at the end of a backward and keeps the fp32 buffer at every loss; DDP's bf16 buckets are there only at
+    dp > 1 without ZeRO; the allocator's share is its fraction of the rest."""
+    from harness.validate import validate
+    from lab.published import caching_compose
+    compose = caching_compose()
+    row = next(r for r in playbook.load() if r["ran"] and r["tp"] == 8 and r["pp"] == 1 and r["dp"] == 2
+               and r["zero_stage"] == 0)
+
+    def peak(*extra):
+        run = compose(playbook.overrides(row) + list(extra))
+        return playbook.rank0_peak_bytes(run, validate(run, torch_runs=False))
+    base = peak("runtime.allocator_overhead=0")
+    assert peak("runtime.allocator_overhead=0", "runtime.tp_saved_inputs=gathered") > base
+    assert peak("runtime.allocator_overhead=0", "runtime.ddp_grad_buckets=none") < base
+    assert peak() == pytest.approx(base * 1.19, rel=1e-6)

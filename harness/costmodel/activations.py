@@ -92,11 +92,13 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool
 def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: bool, precision: str,
                         attention: str, dropout: float, recompute: str, top_k: int = 1, n_experts: int = 0,
                         autocast: bool = True, kv: int | None = None, mlp: str = "gelu", norm: str = "layernorm",
-                        rope: bool = False) -> float:
+                        rope: bool = False, sharded_inputs: bool = False) -> float:
     """Bytes one block of models/gpt.py keeps for backward, one micro-batch (see module docstring).
     autocast=False: the engine casts the parameters instead (FSDP2 MixedPrecisionPolicy, DeepSpeed
     bf16/fp16), so the residual stream and LayerNorms run in the low precision and no per-matmul
-    input casts exist."""
+    input casts exist. sharded_inputs: under sequence parallelism the column-parallel matmuls keep their
+    input as each rank's sequence shard and gather it again in backward (a runtime's choice: nanotron's
+    tp_recompute_allgather, conf/runtime/), not the gathered input."""
     E, F = b * s * h, b * s * d_ff
     e = 4 if precision == "fp32" else 2
     r = 4 if autocast else e
@@ -115,6 +117,8 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     # inputs of the q/k/v and fc1 (gate, up) matmuls: one fp32 tensor each, or one 2-byte cast per matmul
     mlp_in = 2 if swiglu else 1
     mm_in = (r * E + r * E * k) if (e == 4 or not autocast) else (3 * e * E + mlp_in * e * E * k)
+    if sharded_inputs and sp:
+        mm_in /= t
     qkv_out = e * E * (1 + 2 * kv / h) / t
     if rope:
         qkv_out += 4 * s * (h // a) * e
@@ -137,14 +141,15 @@ def brigade_layer_bytes(s: int, b: int, h: int, a: int, d_ff: int, t: int, sp: b
     return ln + mm_in + qkv_out + core_out + core + mlp + router + masks
 
 
-def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str, autocast: bool = True) -> float:
+def layer_bytes(m, b: int, t: int, sp: bool, precision: str, recompute: str, autocast: bool = True,
+                sharded_inputs: bool = False) -> float:
     """Per-layer activation bytes for the model that runs: Korthikanti's constants where they apply
     (dropout > 0 with eager attention), brigade's derived ones otherwise."""
     if m.dropout > 0 and m.attention != "sdpa" and not m.n_experts:
         return korthikanti_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, t, sp, recompute)
     return brigade_layer_bytes(m.seq_len, b, m.d_model, m.n_heads, m.d_ff, t, sp, precision, m.attention,
                                m.dropout, recompute, m.top_k, m.n_experts, autocast, kv_dim(m), option(m, "mlp"),
-                               option(m, "norm"), option(m, "position") == "rope")
+                               option(m, "norm"), option(m, "position") == "rope", sharded_inputs)
 
 
 def head_bytes(s: int, b: int, h: int, V: int, t: int, head_sharded: bool, loss: str = "fp32", e: int = 4) -> float:

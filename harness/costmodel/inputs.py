@@ -149,7 +149,8 @@ def _collective_table(collectives) -> dict:
 class Runtime:
     """What the training runtime does that the cost model prices (conf/runtime/, harness/config.py RuntimeConfig):
     brigade's own by default; another runtime's where a run was made with it (priced only)."""
-    __slots__ = ("name", "pipeline_split", "host_layer_s", "tp_collectives", "tp_ring_step_remote_pp_s")
+    __slots__ = ("name", "pipeline_split", "host_layer_s", "tp_collectives", "tp_ring_step_remote_pp_s",
+                 "tp_saved_inputs", "grad_accumulation", "ddp_grad_buckets", "allocator_overhead")
 
     @classmethod
     def of(cls, cfg=None) -> "Runtime":
@@ -161,6 +162,12 @@ class Runtime:
         self.tp_collectives = getattr(cfg, "tp_collectives", "dtensor")  # step_time.tp_comm
         # a TP ring step's time while the rank's pipeline sends cross nodes (step_time.nanotron_tp); 0: not priced
         self.tp_ring_step_remote_pp_s = float(getattr(cfg, "tp_ring_step_remote_pp_us", 0.0)) * 1e-6
+        self.tp_saved_inputs = getattr(cfg, "tp_saved_inputs", "gathered")  # activations.brigade_layer_bytes
+        # memory_peak.memory_peak: the 16-bit grads at the end of backward, DDP's bucket copies, the allocator's share
+        self.grad_accumulation = getattr(cfg, "grad_accumulation", "in_place")
+        self.ddp_grad_buckets = getattr(cfg, "ddp_grad_buckets", "none")
+        overhead = getattr(cfg, "allocator_overhead", None)
+        self.allocator_overhead = None if overhead is None else float(overhead)
         return self
 
 

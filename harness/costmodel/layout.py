@@ -187,7 +187,8 @@ def per_token_costs(md: Model, st: StrategyKnobs, tp: int, precision: str) -> Pe
     cfg = md.cfg
     loss = option(cfg, "loss")
     return PerToken(
-        layer_activation_bytes={c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast) for c in catalog.CHECKPOINTING},
+        layer_activation_bytes={c: act.layer_bytes(cfg, 1, tp, st.sp, precision, c, st.autocast,
+                                                   st.runtime.tp_saved_inputs == "sharded") for c in catalog.CHECKPOINTING},
         # fp32: vocab-parallel head and loss (models/tp_plan.py); chunked: whole logits (activations.py)
         head_activation_bytes=act.head_bytes(md.s, 1, md.h, md.V, tp, True, loss, e),
         logits_bytes=act.loss_grad_bytes(md.s, md.V, tp, loss, e),

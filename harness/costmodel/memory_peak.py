@@ -40,6 +40,7 @@ TERMS = {
     "master": "fp32 master copy of the parameters (the optimizer's)",
     "optimizer": "optimizer state (AdamW's moments and step)",
     "grads": "gradients alive at the peak",
+    "half_grads": "16-bit gradients backward made, added to the fp32 buffer once it ends (runtime.grad_accumulation)",
     "comm_buffers": "gradient communication buffers (DDP's bucket copies, DeepSpeed's buckets)",
     "fsdp_held": "unsharded parameters and gradients held across passes (FSDP; DeepSpeed ZeRO-3's kept gathered)",
     "layer_activations": "activations the layers keep for backward, every micro-batch in flight",
@@ -57,7 +58,7 @@ TERMS = {
                              "reduce dtype), the next unit gathered ahead, the root unit's gradients",
     "transient_recompute": "transient: one block's activations (and autocast's weight copies) while recompute reruns it",
     "transient_autocast_cache": "transient: autocast's cached weight copies through a forward of checkpointed blocks",
-    "allocator": "the caching allocator's overhead (hardware compute.allocator_overhead)",
+    "allocator": "the caching allocator's overhead (runtime.allocator_overhead, else hardware compute.allocator_overhead)",
 }
 STATE_TERMS = ("params", "master", "optimizer", "grads")
 CHECKPOINTED_BLOCKS = ("full", "selective_op")  # modes that checkpoint whole blocks (models/gpt.py)
@@ -311,15 +312,18 @@ def memory_peak(lo, mb: int, m: int, ckpt: str, acts: tuple | None = None,
         most = max(most, a.autograd)
         if (total := rank.model_states_bytes + a.total) > worst_total:
             worst, worst_total, worst_a = rank, total, a
-    st = lo.strategy
+    st, rt = lo.strategy, lo.strategy.runtime
+    overhead = lo.hw.allocator_overhead if rt.allocator_overhead is None else rt.allocator_overhead
     states = {"params": worst.params_bytes, "master": worst.master_bytes, "optimizer": worst.optimizer_bytes}
     # Megatron-LM's DDP (low_precision_params) all-reduces its contiguous fp32 grad buffer in place: no copies
     if lo.place.dp > 1 and ((st.uses_ddp and not st.low_precision_params) or st.state_sharding == "deepspeed"):
         states["comm_buffers"] = mem.comm_buffer_bytes(st.state_sharding, st.zero_stage, worst.grads_bytes, 0, st.ds_buckets,
                                                        4 if lo.precision == "fp32" else 2, worst.numel)
+    elif lo.place.dp > 1 and st.low_precision_params and st.state_sharding == "replicated" and rt.ddp_grad_buckets == "bf16":
+        states["comm_buffers"] = catalog.PRECISION_BYTES[lo.precision] * worst.numel  # torch DDP's reducer, 16-bit
     live = worst_a.live
     held = fsdp_held_bytes(lo, worst, m, live)
-    if over is not None and lo.hw.allocator_overhead >= 0 and (states["params"] + states["master"] + states["optimizer"] + held + worst_a.total
+    if over is not None and overhead >= 0 and (states["params"] + states["master"] + states["optimizer"] + held + worst_a.total
                              - ROUNDING_BYTES > over):
         return None
     at_loss, at_end = worst_a.transients(lo)
@@ -330,8 +334,10 @@ def memory_peak(lo, mb: int, m: int, ckpt: str, acts: tuple | None = None,
     rest_terms, rest_autocast = worst_a.rest()
     end = {"grads": worst.grads_bytes, "fsdp_held": fsdp_held_bytes(lo, worst, m, True), **rest_terms,
            "autocast_copies": rest_autocast, **at_end}
+    if st.low_precision_params and rt.grad_accumulation == "after_backward":
+        end["half_grads"] = catalog.PRECISION_BYTES[lo.precision] * worst.numel
     phase, parts = ("end of backward", end) if sum(end.values()) > sum(loss.values()) else ("loss", loss)
-    return MemoryPeak(worst, phase, peak_terms({**states, **parts}, lo.hw.allocator_overhead), most)
+    return MemoryPeak(worst, phase, peak_terms({**states, **parts}, overhead), most)
 
 
 def autocast_copies_bytes(lo, rank, m: int, ckpt: str, rest: bool = False) -> float:
@@ -381,6 +387,8 @@ def grads_live_at_loss(lo, rank, m: int) -> bool:
     """Whether gradients exist when `rank` holds its most activations (module docstring)."""
     if lo.strategy.state_sharding == "deepspeed":
         return True
+    if lo.strategy.low_precision_params and lo.strategy.runtime.grad_accumulation == "after_backward":
+        return True  # the runtime's fp32 grad buffer is made, zeroed, once and kept (runtime.grad_accumulation)
     pl = lo.place
     if pl.pp == 1 and pl.vpp == 1:
         return m > 1

@@ -37,6 +37,7 @@ MEMORY = ("fsdp_unsharded_bytes", "transient_bytes", "comm_buffer_bytes", "alloc
           "fits_in_memory")
 # what a cp rank's tokens decide (module docstring): taken from the base at mb / cp sequences
 CP_MEMORY = ("activations_bytes", *MEMORY)
+_STATES_MEMORY = tuple((key, f"{key}_per_rank") for key in STATES + MEMORY)
 
 
 def shard_rank(dims, rank: int) -> int:
@@ -102,12 +103,12 @@ def adjust(out: dict, shard: dict | None, md, w, fsdp_accumulate: str, dims, hw,
         raise ValueError("context parallel needs the base estimate at mb / cp sequences (`local`)")
     if shard is not None:  # HSDP: states and the shard group's traffic are the shard group's
         ranks = None  # rank r of the world is rank shard_rank(r) of the shard group's estimate (same rank order)
-        for key in STATES + MEMORY:
+        for key, per_rank in _STATES_MEMORY:
             if key in shard:
                 out[key] = shard[key]
-            if isinstance(shard.get(f"{key}_per_rank"), list):
+            if isinstance(shard.get(per_rank), list):
                 ranks = ranks or [shard_rank(dims, r) for r in range(dims.world_size)]
-                out[f"{key}_per_rank"] = [shard[f"{key}_per_rank"][i] for i in ranks]
+                out[per_rank] = [shard[per_rank][i] for i in ranks]
         # the shard group's dp collectives replace the whole group's: their time, and what of it shows
         extra_dp_s = shard["comm_dp_time_s"] - out["comm_dp_time_s"]
         extra_dp_exposed_s = shard["comm_dp_exposed_time_s"] - out["comm_dp_exposed_time_s"]

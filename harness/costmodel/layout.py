@@ -113,7 +113,7 @@ class Layout:
     optimizer_traffic_bytes: float
     grad_elems: int
     fsdp_block_bytes: float
-    gemm_cache: dict = field(default_factory=dict)  # per-micro-batch-size figures step_time.py keeps
+    gemm_cache: dict = field(default_factory=dict)  # per-micro-batching figures step_time.py and memory_peak.py keep
     # micro-batch size -> layer and head times (compute.microbatch_times): shared by layouts that differ in dp
     # only where their ranks' rates do (the planner's HSDP shard groups on a GPU)
     mb_times: dict = field(default_factory=dict)

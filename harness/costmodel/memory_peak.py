@@ -112,10 +112,13 @@ def rank_activation_terms(lo, rank, mb: int, m: int, ckpt: str, rest: bool = Fal
     # the largest of the rank's possible peaks: chunks held (each a 1/vpp micro-batch, whole until its
     # weight pass: at llama3_70b a deferred chunk's dry run holds all of it), `deferred` of them keeping
     # their weight pass's captured gradients
-    best, most = {}, -1.0
+    best, most, cache = {}, -1.0, lo.gemm_cache
     for held, deferred in act.split_backward_front(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank):
+        key = ("stage_boundary", rank.pp_rank, mb, m, held)  # no checkpointing in it: once for every mode
+        if key not in cache:
+            cache[key] = stage_boundary_terms(lo, rank, mb, m, held / pl.vpp)
         terms = {"layer_activations": layers * (held / pl.vpp - rest), "head_activations": head * (head_flight - rest),
-                 **stage_boundary_terms(lo, rank, mb, m, held / pl.vpp),
+                 **cache[key],
                  "weight_pass_captures": deferred * weight_pass_capture_bytes(lo, rank, mb) if deferred else 0.0}
         if (total := sum(terms.values())) > most:
             best, most = terms, total

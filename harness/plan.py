@@ -192,8 +192,9 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
                                             pred = finish(lo, mb, m, ckpt, peak, timing)
                                             if rep > 1:
                                                 w_c = w_c or candidate_workload(run, precision, mb, ckpt)
-                                                pred = hsdp_prediction(pred, finish(lo_states, mb, m, ckpt, peak), lo, st,
-                                                                       run, hw, m, w_c, dims_rep)
+                                                shard_timing = step_timing(lo_states, mb, m, ckpt, timing if shortcuts else None)
+                                                pred = hsdp_prediction(pred, finish(lo_states, mb, m, ckpt, peak, shard_timing),
+                                                                       lo, st, run, hw, m, w_c, dims_rep)
                                             feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
                                                                       strat[0], knobs, pred, rep, crosses))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])

@@ -39,8 +39,9 @@ class StepTiming:
     step_s: float
 
 
-def step_timing(lo: Layout, mb: int, m: int, ckpt: str) -> StepTiming:
-    ct = compute_time(lo, mb, m, ckpt)
+def step_timing(lo: Layout, mb: int, m: int, ckpt: str, like: StepTiming | None = None) -> StepTiming:
+    """like: the timing of a layout that differs from lo in dp only (step_time.compute_time's `like`)."""
+    ct = compute_time(lo, mb, m, ckpt, like.ct if like is not None else None)
     bubble_s, bubble_pct = bubble(lo, ct, m)
     key = ("tp_ep", mb, m)  # no checkpointing in them: once per micro-batching of the layout
     if key not in lo.gemm_cache:

@@ -53,6 +53,9 @@ class ComputeTime:
     host_s: float = 0.0  # the operators' host work in matmul_s (dispatch, DTensor, FSDP2; CPU profiles)
     accumulate_s: float = 0.0  # gradient accumulation's part of optimizer_s (a trace sees it in the backward)
     host_wait_s: float = 0.0  # the device idle while the host launches the layers (runtime host_layer_s), in compute_s
+    layer_times: object = None  # what it was made from (compute_time's `like`): the layer times,
+    host_layer_s: float = 0.0  # the per-layer host floor,
+    made_of: tuple = ()  # m, the checkpointing and the pipeline ranks (pp rank, layers, last)
 
 
 @dataclass(slots=True)
@@ -62,10 +65,22 @@ class AxisComm:
     exposed_s: float
 
 
-def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
+def compute_time(lo, mb: int, m: int, ckpt: str, like: ComputeTime | None = None) -> ComputeTime:
+    """like: the compute time of a layout that differs from lo in dp only (the planner's HSDP shard groups): where
+    both ran the same layer times (Layout.mb_times) on the same pipeline ranks with the same host floor and no CPU
+    pipeline timeline, their micro-batches take the same time and only the optimizer's terms are lo's own."""
     times = microbatch_times(lo, mb)
-    per_rank, slowest, slowest_matmul, slowest_parts, wait = {}, 0.0, 0.0, (0.0, 0.0), 0.0
     host_layer_s = lo.strategy.runtime.host_layer_s + ring_chain_layer_s(lo)
+    made_of = (m, ckpt, tuple((r.pp_rank, r.layers, r.last) for r in lo.ranks))
+    accumulate_s = (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems / lo.mem_bw if lo.mem_bw else 0.0
+    optimizer_s = (lo.optimizer_traffic_bytes / lo.mem_bw if lo.mem_bw else 0.0) + accumulate_s + lo.optimizer_dispatch_s
+    if (like is not None and like.layer_times is times and like.host_layer_s == host_layer_s and not like.pipe_s
+            and lo.hw.device != "cpu" and like.made_of == made_of):
+        slowest, busy = like.microbatch_s, like.busy_warp
+        return ComputeTime(like.per_rank_s, slowest, like.matmul_s, optimizer_s, m * slowest * busy + optimizer_s,
+                           busy, like.pipe_s, like.idle_mean_s, like.attention_s, like.host_s, accumulate_s,
+                           like.host_wait_s, times, host_layer_s, made_of)
+    per_rank, slowest, slowest_matmul, slowest_parts, wait = {}, 0.0, 0.0, (0.0, 0.0), 0.0
     for rank in lo.ranks:
         matmul, elementwise = times.rank_time(rank, ckpt)
         # the host launches a layer's kernels in host_layer_s (runtime profile); the device waits where it is faster
@@ -74,13 +89,12 @@ def compute_time(lo, mb: int, m: int, ckpt: str) -> ComputeTime:
         if t > slowest:
             slowest, slowest_matmul, slowest_parts = t, matmul, times.rank_parts(rank, ckpt)
             wait = t - matmul - elementwise
-    accumulate_s = (m - 1) * traffic.GRAD_ACCUMULATE_BYTES_PER_ELEM * lo.grad_elems / lo.mem_bw if lo.mem_bw else 0.0
-    optimizer_s = (lo.optimizer_traffic_bytes / lo.mem_bw if lo.mem_bw else 0.0) + accumulate_s + lo.optimizer_dispatch_s
     pipe_s, busy_s, idle_mean_s = _cpu_pipeline(lo, m, times, ckpt, slowest_matmul / slowest if slowest else 1.0)
     busy = busy_s / (m * slowest) if pipe_s else 1.0
     return ComputeTime(per_rank, slowest, m * slowest_matmul * busy, optimizer_s, m * slowest * busy + optimizer_s,
                        busy, pipe_s, idle_mean_s, attention_s=m * slowest_parts[0] * busy,
-                       host_s=m * (slowest_parts[1] + wait) * busy, accumulate_s=accumulate_s, host_wait_s=m * wait)
+                       host_s=m * (slowest_parts[1] + wait) * busy, accumulate_s=accumulate_s, host_wait_s=m * wait,
+                       layer_times=times, host_layer_s=host_layer_s, made_of=made_of)
 
 
 NANOTRON_RINGS_PER_LAYER = 10  # nanotron_tp: 6 all-gathers and 4 reduce-scatters a layer and micro-batch

@@ -114,12 +114,16 @@ def rank_activation_terms(lo, rank, mb: int, m: int, ckpt: str, rest: bool = Fal
     # their weight pass's captured gradients
     best, most, cache = {}, -1.0, lo.gemm_cache
     for held, deferred in act.split_backward_front(lo.strategy.schedule, pl.pp, pl.vpp, m, rank.pp_rank):
-        key = ("stage_boundary", rank.pp_rank, mb, m, held)  # no checkpointing in it: once for every mode
+        key = ("stage_boundary", rank.pp_rank, mb, m, held)  # no checkpointing in these: once for every mode
         if key not in cache:
             cache[key] = stage_boundary_terms(lo, rank, mb, m, held / pl.vpp)
+        capture = 0.0
+        if deferred:
+            if (ckey := ("weight_pass_capture", rank.pp_rank, mb)) not in cache:
+                cache[ckey] = weight_pass_capture_bytes(lo, rank, mb)
+            capture = deferred * cache[ckey]
         terms = {"layer_activations": layers * (held / pl.vpp - rest), "head_activations": head * (head_flight - rest),
-                 **cache[key],
-                 "weight_pass_captures": deferred * weight_pass_capture_bytes(lo, rank, mb) if deferred else 0.0}
+                 **cache[key], "weight_pass_captures": capture}
         if (total := sum(terms.values())) > most:
             best, most = terms, total
     return best

@@ -252,28 +252,19 @@ def _validate_stage_layers(n_layers: int, dims, s) -> None:
                           f"{n_layers % stages}" + (", strategy.stage_layers set" if s.stage_layers else ""))
 
 
-PIPELINE_SPLITS = ("even", "compute_balanced")  # harness/config.py RuntimeConfig.pipeline_split
-TP_COLLECTIVES = ("dtensor", "nanotron_async")  # RuntimeConfig.tp_collectives
-TP_SAVED_INPUTS = ("gathered", "sharded")  # RuntimeConfig.tp_saved_inputs
-GRAD_ACCUMULATIONS = ("in_place", "after_backward")  # RuntimeConfig.grad_accumulation
-DDP_GRAD_BUCKETS = ("none", "bf16")  # RuntimeConfig.ddp_grad_buckets
+# each runtime key's domain (harness/config.py RuntimeConfig, where each is described)
+RUNTIME_CHOICES = {"pipeline_split": ("even", "compute_balanced"), "tp_collectives": ("dtensor", "nanotron_async"),
+                   "tp_saved_inputs": ("gathered", "sharded"), "grad_accumulation": ("in_place", "after_backward"),
+                   "ddp_grad_buckets": ("none", "bf16")}
 
 
 def _validate_runtime(run: RunConfig, dims, torch_runs: bool) -> None:
     """Another runtime than brigade's is priced, never launched (conf/runtime/); its pipeline split must give every
     stage a block, as the runtime itself needs (models/pipeline_split.py compute_balanced_split)."""
     rt, m = run.runtime, run.model
-    if rt.pipeline_split not in PIPELINE_SPLITS:
-        raise ConfigError(f"unknown runtime.pipeline_split '{rt.pipeline_split}'; available: {', '.join(PIPELINE_SPLITS)}")
-    if rt.tp_collectives not in TP_COLLECTIVES:
-        raise ConfigError(f"unknown runtime.tp_collectives '{rt.tp_collectives}'; available: {', '.join(TP_COLLECTIVES)}")
-    if rt.tp_saved_inputs not in TP_SAVED_INPUTS:
-        raise ConfigError(f"unknown runtime.tp_saved_inputs '{rt.tp_saved_inputs}'; available: {', '.join(TP_SAVED_INPUTS)}")
-    if rt.grad_accumulation not in GRAD_ACCUMULATIONS:
-        raise ConfigError(f"unknown runtime.grad_accumulation '{rt.grad_accumulation}'; available: "
-                          f"{', '.join(GRAD_ACCUMULATIONS)}")
-    if rt.ddp_grad_buckets not in DDP_GRAD_BUCKETS:
-        raise ConfigError(f"unknown runtime.ddp_grad_buckets '{rt.ddp_grad_buckets}'; available: {', '.join(DDP_GRAD_BUCKETS)}")
+    for key, choices in RUNTIME_CHOICES.items():
+        if getattr(rt, key) not in choices:
+            raise ConfigError(f"unknown runtime.{key} '{getattr(rt, key)}'; available: {', '.join(choices)}")
     if rt.allocator_overhead is not None and not 0 <= rt.allocator_overhead < 1:
         raise ConfigError(f"runtime.allocator_overhead {rt.allocator_overhead} is a fraction of the allocated peak: "
                           f"0 <= it < 1")

@@ -39,6 +39,17 @@ def test_another_runtime_is_priced_not_launched_and_its_empty_stage_refused():
         validate(deep, torch_runs=False)
 
 
+@pytest.mark.parametrize("key", ["pipeline_split", "tp_collectives", "tp_saved_inputs", "grad_accumulation",
+                                 "ddp_grad_buckets"])
+def test_a_runtime_key_outside_its_domain_is_refused_naming_the_choices(key):
+    from harness.validate import RUNTIME_CHOICES
+
+    run = compose_run(ONE_B + ["runtime=nanotron", f"runtime.{key}=bogus", "strategy=ddp", "parallel.dp=8",
+                               "workload.global_batch_size=8", "workload.micro_batch_size=1"])
+    with pytest.raises(ConfigError, match=f"unknown runtime.{key} 'bogus'; available: " + ", ".join(RUNTIME_CHOICES[key])):
+        validate(run, torch_runs=False)
+
+
 def test_the_head_where_the_runtime_puts_it_and_the_logits_hop_priced():
     """pp 8: nanotron's head on rank 6 with no decoder layer, rank 7 a relay for the logits; brigade's even
     split puts 2 layers and the head on rank 7 and has no logits hop."""

@@ -249,6 +249,9 @@ class PlanConfig:
     # strategy, schedule, ZeRO stage, micro-batch and checkpointing; or "variant" (strategy, knobs and
     # schedule too: e.g. the same dp2 pp2 under 1f1b and ZB-V), harness/tools/plan_check.py
     run_top_by: str = "degrees"
+    # rank only the layouts whose predicted peak plus their family's memory margin (how far its validation runs'
+    # measured peak exceeded the predicted one, p90) fits the device: harness/costmodel/family_errors.py memory_limit
+    memory_margin: bool = True
 
 
 @dataclass

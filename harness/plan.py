@@ -13,8 +13,11 @@ degrees must divide heads, d_ff and experts as harness/validate.py requires (pp 
 layers: models/pipeline_split.py splits them as evenly as they allow); each layout maps
 to an existing strategy (harness/catalog.py strategy_for). Each candidate is evaluated by the same functions
 `harness.predict` uses (harness.costmodel: `layout` once per parallel layout, then for every micro-batch size and
-checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima only), the rest are
-ranked by predicted tokens/s. The table says why each wins: its efficiency and what it loses to
+checkpointing mode `memory_peak` and, for what fits the device, `finish`; maxima only). A layout is ranked, by
+predicted tokens/s, where its predicted peak fits the device's memory less its family's memory margin (how far the
+validation runs of its layout family measured above their predicted peak, p90: harness/costmodel/family_errors.py
+`memory_limit`), so that the planner does not recommend a layout its own error would put out of memory;
+plan.memory_margin=false ranks every layout whose predicted peak fits. The table says why each wins: its efficiency and what it loses to
 exposed communication and the bubble, its memory headroom, and what separates it from the next one; and how sure
 each prediction is: its layout family's validation error (harness/costmodel/family_errors.py). Where a layout
 `--run-top K` would run is of a family whose error is large, an `unsure:` line says so and recommends that K.
@@ -120,6 +123,8 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
     L, heads, d_ff, E = m_cfg.n_layers, m_cfg.n_heads, m_cfg.d_ff, m_cfg.n_experts
     nodes = run.launcher.nodes
     mem_limit = hw.memory_bytes
+    rpn = ranks_per_node(hw, gpus, nodes)
+    margin = run.plan.memory_margin
     knob_cache: dict = {}
 
     def knobs_for(name, extra, schedule):
@@ -131,7 +136,7 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
                                                 run.runtime)
         return knob_cache[key]
 
-    feasible, evaluated, over_memory, t0 = [], 0, 0, time.perf_counter()
+    feasible, evaluated, over_memory, over_margin, t0 = [], 0, 0, 0, time.perf_counter()
     for tp in divisors(gpus):
         if heads % tp or d_ff % tp:
             continue
@@ -142,6 +147,9 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
             schedules = SCHEDULES_VPP if pp > 1 else ((catalog.DEFAULT_SCHEDULE, (1,)),)
             eps = [e for e in divisors(dp) if E and E % e == 0] if E else [1]
             for ep in eps:
+                # the largest peak ranked: the device's memory less the family's memory margin (family_errors.py)
+                limit = (family_errors.memory_limit(mem_limit, family({"dp": dp, "tp": tp, "pp": pp, "ep": ep}, rpn),
+                                                    hw.device) if margin else mem_limit)
                 for zero in ZERO_STAGES[:1] if dp == 1 else ZERO_STAGES:  # nothing to shard over one rank
                     strat = catalog.strategy_for(dp, tp, pp, ep, zero)
                     if strat is None or strat[0] not in have or \
@@ -184,8 +192,9 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
                                             lo_states, dims_rep = shards[rep] if rep > 1 else (lo, None)
                                             # no time for what cannot fit
                                             peak = memory_peak(lo_states, mb, m, ckpt, acts, mem_limit if shortcuts else None)
-                                            if peak is None or peak.peak_bytes > mem_limit:
+                                            if peak is None or peak.peak_bytes > limit:
                                                 over_memory += 1
+                                                over_margin += peak is not None and peak.peak_bytes <= mem_limit
                                                 continue
                                             if not shortcuts or timing is None:
                                                 timing = step_timing(lo, mb, m, ckpt)
@@ -198,7 +207,8 @@ def search(run, gpus: int, shortcuts: bool = True) -> tuple[list[Candidate], dic
                                             feasible.append(Candidate(dp, tp, pp, vpp, ep, zero, mb, m, ckpt, schedule,
                                                                       strat[0], knobs, pred, rep, crosses))
     feasible.sort(key=lambda c: -c.pred["tokens_per_s"])
-    return feasible, {"evaluated": evaluated, "over_memory": over_memory, "seconds": time.perf_counter() - t0}
+    return feasible, {"evaluated": evaluated, "over_memory": over_memory, "over_margin": over_margin,
+                      "seconds": time.perf_counter() - t0}
 
 
 def table(cands: list[Candidate], k: int, run, counts: dict):
@@ -225,9 +235,16 @@ def table(cands: list[Candidate], k: int, run, counts: dict):
                   *(str(getattr(c, a.name)) for a in AXES), str(c.zero), str(c.mb), str(c.m), c.ckpt,
                   f"{p['step_time_s']:.3g}",
                   f"{p['tokens_per_s']:,.0f}", f"{mfu:.1f}", f"{p['peak_mem_bytes'] / 1024**3:.1f}/{gib:.0f}",
-                  ", ".join(c.crosses) or "none", family_errors.short(layout_family(c, rpn), hw.device),
+                  ", ".join(c.crosses) or "none", family_error(layout_family(c, rpn), hw.device, run.plan.memory_margin),
                   why(c, nxt, gib * 1024**3))
     return t
+
+
+def family_error(fam: str, device: str, margin: bool) -> str:
+    """The table's `family error` column: the family's tokens/s error and, where the planner applies it, its memory
+    margin."""
+    out = family_errors.short(fam, device)
+    return out + (f"; memory +{100 * family_errors.memory_margin(fam, device):.0f} %" if margin and device != "cpu" else "")
 
 
 def layout_family(c: Candidate, rpn: int) -> str:
@@ -309,9 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         console.print(f"[yellow]no layout of {gpus} devices fits {run.model.name} in {run.hardware.memory_GiB} GiB "
                       f"with global batch {run.workload.global_batch_size}[/]")
-    console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory, {counts['over_memory']} over "
-                  f"{run.hardware.memory_GiB:g} GiB; global batch {run.workload.global_batch_size} "
-                  f"(workload.global_batch_size) fixes the micro-batch count m = global / (dp * mb)")
+    margin = (f" with their family's memory margin ({counts['over_margin']} more fit only without it: "
+              f"plan.memory_margin=false ranks them)" if run.plan.memory_margin else "")
+    console.print(f"{counts['evaluated']} evaluated: {len(cands)} fit in memory{margin}, "
+                  f"{counts['over_memory'] - counts['over_margin']} over {run.hardware.memory_GiB:g} GiB; global batch "
+                  f"{run.workload.global_batch_size} (workload.global_batch_size) fixes the micro-batch count "
+                  f"m = global / (dp * mb)")
     if cands and (line := unsure(cands, run, gpus, top or 0)):
         console.print(f"[yellow]{line}[/]", soft_wrap=True)
     for line in hints(run, gpus):

@@ -9,7 +9,12 @@ Each validation row that has a prediction and a measurement is put in its layout
 sweep's development half (lab/playbook.py: the rows that ran and that brigade predicts) and the published
 set's fitting half (lab/published.py; the held-out half is never read here, docs/validation.md#the-rule).
 Per family, per set and both together: rows, median and p90 of |predicted / measured - 1|, and the geometric
-mean of predicted / measured.
+mean of predicted / measured. Per family too, over the rows of both sets that measured memory, its memory margin
+(`memory`): how far the measured peak exceeded the predicted one in all but one run in ten (MARGIN_QUANTILE of
+measured / predicted - 1, none where the prediction was at least as large), and the same over every family's rows
+(`memory_all`) for a family with no memory row. `plan` ranks only the layouts whose predicted peak plus their
+family's margin fits the device (harness/costmodel/family_errors.py memory_limit), and so do the group verdicts of
+lab/playbook.py and `run_top_k` here.
 
 `run_top_k`: per (model, node count) group of the development half, the K at which `plan --run-top K` would
 have run a layout that measured within 10 % of the group's measured best (plan_check.WITHIN): the group's
@@ -29,9 +34,14 @@ import sys
 from harness.costmodel import family_errors as committed
 from harness.tools.plan_check import WITHIN
 from lab import playbook, published
+from lab.published_memory import quantile
 
 SETS = ("playbook", "published")
 COVER = 0.9  # the share of groups the fallback K finds, where some group is found by no K
+# The memory margin's quantile of measured / predicted peak - 1: chosen, not fitted, the p90 by which every error here
+# is judged (family_errors.LARGE_P90_PCT): a layout the planner ranks would have fitted in 9 of 10 validation runs
+# of its family whose prediction was as far below the measurement as any of them.
+MARGIN_QUANTILE = 0.9
 
 
 def stats(rows: list[dict]) -> dict:
@@ -44,20 +54,35 @@ def stats(rows: list[dict]) -> dict:
             "p90_abs_err_pct": round(s["p90_abs_err_pct"], 1), "geomean_ratio": round(s["geomean_ratio"], 3)}
 
 
-def by_family(play: list[dict], pub: list[dict]) -> dict:
-    """family -> {"all": stats, "playbook": stats, "published": stats}, families in name order."""
-    rows = {"playbook": [r for r in play if r["ratio"] is not None],
+def memory_margin(rows: list[dict]) -> dict:
+    """Rows and margin (%) of the rows with a `mem_ratio` (predicted / measured peak): MARGIN_QUANTILE of measured /
+    predicted - 1, floored at 0 (module docstring)."""
+    under = sorted(1 / r["mem_ratio"] - 1 for r in rows if r.get("mem_ratio") is not None)
+    return {"n": len(under), "margin_pct": round(max(0.0, 100 * quantile(under, MARGIN_QUANTILE)), 1) if under else None}
+
+
+def validation_rows(play: list[dict], pub: list[dict]) -> dict:
+    """set -> its rows that have a prediction and a measurement: the Playbook rows that ran, the published fitting half."""
+    return {"playbook": [r for r in play if r["ratio"] is not None],
             "published": [r for r in pub if r["half"] == "fitting"]}
+
+
+def by_family(play: list[dict], pub: list[dict]) -> dict:
+    """family -> {"all": stats, "playbook": stats, "published": stats, "memory": memory_margin}, families in name
+    order."""
+    rows = validation_rows(play, pub)
     fams = sorted({r["family"] for rs in rows.values() for r in rs})
     return {f: {"all": stats([r for s in SETS for r in rows[s] if r["family"] == f]),
-                **{s: stats([r for r in rows[s] if r["family"] == f]) for s in SETS}} for f in fams}
+                **{s: stats([r for r in rows[s] if r["family"] == f]) for s in SETS},
+                "memory": memory_margin([r for s in SETS for r in rows[s] if r["family"] == f])} for f in fams}
 
 
-def found_at(rs: list[dict]) -> int | None:
-    """The K of one group (module docstring): None where no K finds a layout within WITHIN of the measured best."""
+def found_at(rs: list[dict], margins: dict | None = None) -> int | None:
+    """The K of one group (module docstring): None where no K finds a layout within WITHIN of the measured best.
+    margins: the memory margins plan would read (a table's `families` and `memory_all`; None: the committed table)."""
     best = max(r["measured_tokens_per_s_per_gpu"] for r in rs if r["ran"])
     seen: set = set()
-    for r in sorted((r for r in rs if r["fits_in_memory"]), key=lambda r: -r["predicted_tokens_per_s_per_gpu"]):
+    for r in sorted((r for r in rs if playbook.planned(r, margins)), key=lambda r: -r["predicted_tokens_per_s_per_gpu"]):
         key = (r["dp"], r["tp"], r["pp"])
         if key in seen:
             continue
@@ -67,10 +92,10 @@ def found_at(rs: list[dict]) -> int | None:
     return None
 
 
-def run_top_k(play: list[dict]) -> dict:
-    """The K plan recommends with `--run-top` and how it was derived (module docstring)."""
+def run_top_k(play: list[dict], margins: dict | None = None) -> dict:
+    """The K plan recommends with `--run-top` and how it was derived (module docstring); margins as found_at's."""
     keys = sorted({(r["model"], r["nodes"]) for r in play if r["ran"]})
-    ks = {k: found_at([r for r in play if (r["model"], r["nodes"]) == k]) for k in keys}
+    ks = {k: found_at([r for r in play if (r["model"], r["nodes"]) == k], margins) for k in keys}
     found = sorted(v for v in ks.values() if v is not None)
     need = math.ceil(COVER * len(ks))
     every = len(found) == len(ks)
@@ -89,11 +114,16 @@ def table(play: list[dict] | None = None, pub: list[dict] | None = None) -> dict
     """What harness/costmodel/family_errors.json holds, computed now."""
     play = playbook.run_all() if play is None else play
     pub = published.run_all("fitting") if pub is None else pub
+    margins = {"families": by_family(play, pub),
+               "memory_all": memory_margin([r for rs in validation_rows(play, pub).values() for r in rs])}
     return {"generated_by": "python -m lab.playbook_doc (with docs/playbook.md) or python -m lab.family_errors --write",
             "error": "|predicted / measured - 1| of tokens/s per device; geomean_ratio: predicted / measured",
+            "memory": f"margin_pct: the p{100 * MARGIN_QUANTILE:.0f} of measured / predicted peak memory - 1 (%), 0 "
+                      "where the prediction was at least as large, over the family's rows that measured memory "
+                      "(Playbook: rank 0's; published: the worst rank's); memory_all: over every family's",
             "sets": {"playbook": "lab/playbook.py: the Playbook sweep's development half, the rows that ran, predicted",
                      "published": "lab/published.py: the published set's fitting half"},
-            "families": by_family(play, pub), "run_top": run_top_k(play)}
+            **margins, "run_top": run_top_k(play, margins)}
 
 
 def dumps(t: dict) -> str:

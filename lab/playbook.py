@@ -18,7 +18,8 @@ ZeRO-0 sharding nothing (DDP), TP with sequence parallelism, 1F1B, hardware=h100
 hardware/fabric=efa_p5, the sequence, batch and model shape of the row. What brigade cannot express is
 named in docs/playbook.md (NOT_EXPRESSED). Every ok row is predicted; every crashed row is checked for
 "predicted not to fit" (or refused before launch, with the arithmetic). Per (model, node count) group the
-layouts predicted to fit are ranked by predicted tokens/s as the planner ranks them: Spearman's rho against
+layouts the planner ranks (`planned`: predicted to fit with their family's memory margin,
+harness/costmodel/family_errors.py memory_limit) are ranked by predicted tokens/s as it ranks them: Spearman's rho against
 the measured ranking, whether the pick measured within 10 % of the group's measured best, and the regret
 (1 - the pick's measured tokens/s over the best's; a pick that crashed has regret 1).
 """
@@ -33,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness import catalog, dims
-from harness.costmodel import predict
+from harness.costmodel import family_errors, predict
 from harness.costmodel.inputs import Hardware, Model, StrategyKnobs
 from harness.costmodel.layout import layout
 from harness.costmodel.memory_peak import memory_peak
@@ -146,7 +147,8 @@ def predict_row(row: dict, compose, extra: tuple = ()) -> dict:
            "grad_acc": row["grad_acc"], "status": row["status"], "ran": row["ran"], "family": family(row),
            "measured_tokens_per_s_per_gpu": row["tok_s_gpu"],
            "measured_mem_GiB": row["mem_GB_rank0"], "refused": None, "predicted_tokens_per_s_per_gpu": None,
-           "fits_in_memory": None, "predicted_mem_GiB": None, "ratio": None, "mem_ratio": None}
+           "fits_in_memory": None, "predicted_mem_GiB": None, "ratio": None, "mem_ratio": None,
+           "peak_mem_bytes": None, "device_memory_bytes": None, "device": None}
     run = compose(overrides(row) + list(extra))
     try:
         dims = validate(run, torch_runs=False)  # nanotron's DDP x TP: predicted, not launched
@@ -155,7 +157,8 @@ def predict_row(row: dict, compose, extra: tuple = ()) -> dict:
     pred = predict(run, dims)
     mem = rank0_peak_bytes(run, dims) / 1024**3
     out.update(predicted_tokens_per_s_per_gpu=pred["tokens_per_s_per_device"], fits_in_memory=pred["fits_in_memory"],
-               predicted_mem_GiB=mem, step_time_s=pred["step_time_s"])
+               predicted_mem_GiB=mem, step_time_s=pred["step_time_s"], peak_mem_bytes=pred["peak_mem_bytes"],
+               device_memory_bytes=pred["device_memory_bytes"], device=run.hardware.device)
     if row["ran"]:
         out["ratio"] = pred["tokens_per_s_per_device"] / row["tok_s_gpu"]
         out["mem_ratio"] = mem / row["mem_GB_rank0"]
@@ -243,9 +246,17 @@ def throughput_errors(rs: list[dict]) -> dict:
             "within_15_pct": sum(e <= 0.15 for e in errs)}
 
 
-def group_verdict(rs: list[dict]) -> dict:
-    """One (model, node count) group as the planner would rank it (module docstring)."""
-    fit = [r for r in rs if r["fits_in_memory"]]
+def planned(r: dict, margins: dict | None = None) -> bool:
+    """Whether `plan` would rank the row's layout: its worst rank's predicted peak within the device's memory less
+    its family's memory margin (harness/costmodel/family_errors.py memory_limit; margins: a table as
+    lab/family_errors.py computes it, None: the committed one)."""
+    return bool(r["fits_in_memory"]) and r["peak_mem_bytes"] <= family_errors.memory_limit(
+        r["device_memory_bytes"], r["family"], r["device"], margins)
+
+
+def group_verdict(rs: list[dict], margins: dict | None = None) -> dict:
+    """One (model, node count) group as the planner would rank it (module docstring; margins as planned's)."""
+    fit = [r for r in rs if planned(r, margins)]
     measured = [r["measured_tokens_per_s_per_gpu"] for r in rs if r["ran"]]
     if not fit or not measured:
         return {"n": len(rs), "n_ranked": len(fit), "pick": None}
@@ -261,21 +272,21 @@ def group_verdict(rs: list[dict]) -> dict:
     return {"n": len(rs), "n_ranked": len(ranked), "pick": layout_label(pick), "pick_ran": pick["ran"],
             "pick_measured": got, "best": layout_label(best_row), "best_measured": best,
             "within_10_pct": got >= (1 - WITHIN) * best, "regret": 1 - got / best, "rho": rho,
-            "best_predicted_rank": pick_rank if best_row["fits_in_memory"] else None}
+            "best_predicted_rank": pick_rank if planned(best_row, margins) else None}
 
 
-def groups(results: list[dict]) -> dict:
+def groups(results: list[dict], margins: dict | None = None) -> dict:
     """(model, nodes) -> group_verdict, in model then node order."""
     keys = sorted({(r["model"], r["nodes"]) for r in results}, key=lambda k: (k[0], k[1]))
-    return {k: group_verdict([r for r in results if (r["model"], r["nodes"]) == k]) for k in keys}
+    return {k: group_verdict([r for r in results if (r["model"], r["nodes"]) == k], margins) for k in keys}
 
 
-def summary(results: list[dict]) -> dict:
-    """The figures the issue's done-when asks for, over the whole development half."""
+def summary(results: list[dict], margins: dict | None = None) -> dict:
+    """The figures the issue's done-when asks for, over the whole development half (margins as planned's)."""
     ok = [r for r in results if r["ran"]]
     crashed = [r for r in results if not r["ran"]]
     mem = sorted(abs(r["mem_ratio"] - 1) for r in ok if r["mem_ratio"] is not None)
-    gs = [g for g in groups(results).values() if g["pick"] is not None]
+    gs = [g for g in groups(results, margins).values() if g["pick"] is not None]
     regrets = sorted(g["regret"] for g in gs)
     return {
         "throughput": throughput_errors(ok),
@@ -285,6 +296,9 @@ def summary(results: list[dict]) -> dict:
         "ran": len(ok), "ok_predicted_to_fit": sum(bool(r["fits_in_memory"]) for r in ok),
         "crashed": len(crashed), "crashed_refused": sum(r["refused"] is not None for r in crashed),
         "crashed_predicted_not_to_fit": sum(r["fits_in_memory"] is False for r in crashed),
+        # what the planner ranks: within the device's memory less the family's margin
+        "ok_planned": sum(planned(r, margins) for r in ok if r["refused"] is None),
+        "crashed_not_planned": sum(not planned(r, margins) for r in crashed if r["refused"] is None),
         "groups": len(gs), "groups_within_10_pct": sum(g["within_10_pct"] for g in gs),
         "median_regret_pct": 100 * quantile(regrets, 0.5) if regrets else None,
         "median_rho": quantile(sorted(g["rho"] for g in gs if not math.isnan(g["rho"])), 0.5),
@@ -366,6 +380,8 @@ def print_report(results: list[dict], rows: bool) -> None:
           f"({t['n']} rows); rank-0 memory median |error| {s['memory_median_abs_err_pct']:.1f} %; "
           f"{s['ok_predicted_to_fit']} of {s['ran']} ok rows predicted to fit; crashed rows: "
           f"{s['crashed_predicted_not_to_fit']} predicted not to fit + {s['crashed_refused']} refused of {s['crashed']}; "
+          f"with the family memory margin plan keeps: {s['ok_planned']} ok rows ranked, {s['crashed_not_planned']} "
+          f"crashed rows not; "
           f"groups: pick within 10 % in {s['groups_within_10_pct']} of {s['groups']}, median regret "
           f"{s['median_regret_pct']:.1f} %, median rho {s['median_rho']:.2f}")
     u = s["throughput_unstalled"]

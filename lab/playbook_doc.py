@@ -48,10 +48,13 @@ def _s(stalls: dict, key: str) -> str:
     return f"{min(v):.2f}-{max(v):.2f}"
 
 
-def render(results: list[dict], published_results: list[dict]) -> str:
-    s = playbook.summary(results)
+def render(results: list[dict], published_results: list[dict], table: dict | None = None) -> str:
+    """The page; table: harness/costmodel/family_errors.json as lab/family_errors.py computes it from the same results
+    (None: computed here), whose memory margins decide what the planner ranks."""
+    table = family_table.table(results, published_results) if table is None else table
+    s = playbook.summary(results, table)
     t = s["throughput"]
-    groups = playbook.groups(results)
+    groups = playbook.groups(results, table)
     fams = playbook.families(results)
     stalls = playbook.pipeline_stalls(results)
     tu = s["throughput_unstalled"]
@@ -92,12 +95,16 @@ def render(results: list[dict], published_results: list[dict]) -> str:
         *_published_rows(published_results),
         "",
         f"Per (model, node count) group, median regret {_pct(s['median_regret_pct'])}, median Spearman's rho "
-        f"{s['median_rho']:.2f}.",
+        f"{s['median_rho']:.2f}. The planner ranks a layout only where its predicted peak fits the device with its "
+        f"family's memory margin ([below](#how-sure-a-prediction-is)): {s['ok_planned']} of the {s['ran']} runs that "
+        f"ran are ranked, and {s['crashed_not_planned']} of the {s['crashed'] - s['crashed_refused']} crashed runs "
+        "brigade does not refuse are not.",
         "",
         "## The planner's pick per group",
         "",
-        "The layouts of a group predicted to fit, ranked by predicted tokens/s as `plan` ranks them. Rho: Spearman's "
-        "rank correlation of predicted and measured tokens/s over the group's runs that ran and are predicted to fit. "
+        "The layouts of a group predicted to fit with their family's memory margin, ranked by predicted tokens/s as "
+        "`plan` ranks them. Rho: Spearman's rank correlation of predicted and measured tokens/s over the group's runs "
+        "that ran and are ranked. "
         "Regret: 1 - the pick's measured tokens/s over the group's measured best (a pick that crashed: 100 %). Best's "
         "rank: where the measured best stands in the predicted ranking.",
         "",
@@ -147,7 +154,7 @@ def render(results: list[dict], published_results: list[dict]) -> str:
         out += [f"| {n} | {f} | {v['n']} | {v['median_abs_err_pct']:.1f} / {v['p90_abs_err_pct']:.1f} % | "
                 f"{v['geomean_ratio']:.3f} | {v['within_15_pct']} |" for (m, n, f), v in fams.items() if m == model]
         out.append("")
-    return "\n".join(out + how_sure(family_table.table(results, published_results)))
+    return "\n".join(out + how_sure(table))
 
 
 def how_sure(t: dict) -> list[str]:
@@ -167,10 +174,19 @@ def how_sure(t: dict) -> list[str]:
         "`python -m lab.family_errors --write`) from the figures on it; tests/test_family_errors.py checks that it is "
         "current.",
         "",
-        "| family | runs | median / p90 abs. error | geomean ratio | playbook runs | published runs |",
-        "|---|--:|---|--:|--:|--:|",
+        "The same file holds each family's memory margin: the p90 of measured / predicted peak memory - 1 over the "
+        "family's runs that measured memory (this page's rank 0, the published set's worst rank), 0 where the "
+        "prediction was at least as large; a family with none takes the margin of all runs together "
+        f"(+{t['memory_all']['margin_pct']:.1f} % over {t['memory_all']['n']}). `plan` ranks a layout only where its "
+        "predicted peak times 1 + its family's margin fits the device (`memory_limit`; plan.memory_margin=false "
+        "ranks every layout whose peak fits), and the group verdicts above and K below rank the same way.",
+        "",
+        "| family | runs | median / p90 abs. error | geomean ratio | playbook runs | published runs | memory runs | "
+        "memory margin |",
+        "|---|--:|---|--:|--:|--:|--:|--:|",
         *(f"| {f} | {v['all']['n']} | {v['all']['median_abs_err_pct']:.1f} / {v['all']['p90_abs_err_pct']:.1f} % | "
-          f"{v['all']['geomean_ratio']:.3f} | {v['playbook']['n']} | {v['published']['n']} |"
+          f"{v['all']['geomean_ratio']:.3f} | {v['playbook']['n']} | {v['published']['n']} | {v['memory']['n']} | "
+          + (f"+{v['memory']['margin_pct']:.1f} % |" if v["memory"]["n"] else "(all runs') |")
           for f, v in t["families"].items()),
         "",
         "K per group, the K at which plan's top K held a layout within 10 % of the measured best: "
@@ -186,8 +202,9 @@ def playbook_doc() -> str:
 def write(path: Path = DOC, table: Path = family_errors.TABLE) -> list[Path]:
     """The page and, from the same pass, harness/costmodel/family_errors.json (what its "How sure" section shows)."""
     play, pub = playbook.run_all(), published.run_all()
-    path.write_text(render(play, pub))
-    table.write_text(family_table.dumps(family_table.table(play, pub)))
+    t = family_table.table(play, pub)
+    path.write_text(render(play, pub, t))
+    table.write_text(family_table.dumps(t))
     return [path, table]
 
 

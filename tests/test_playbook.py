@@ -55,18 +55,42 @@ def test_every_ok_row_is_predicted_and_every_crashed_row_checked(results):
             assert (r["refused"] is None) == (r["fits_in_memory"] is not None)
 
 
+GIB = 1024**3
+MARGINS = {"families": {"tp in node": {"memory": {"n": 10, "margin_pct": 10.0}}},
+           "memory_all": {"n": 100, "margin_pct": 20.0}}  # a stored table's memory margins (lab/family_errors.py)
+
+
+def row(pred, meas, fits=True, ran=True, peak_gib=40.0, fam="tp in node"):
+    """A group's row as predict_row gives it, on an 80 GiB GPU."""
+    return {"predicted_tokens_per_s_per_gpu": pred, "measured_tokens_per_s_per_gpu": meas if ran else None,
+            "fits_in_memory": fits, "ran": ran, "dp": 1, "tp": 1, "pp": 1, "zero": 0, "mbs": 1,
+            "grad_acc": int(pred), "family": fam, "device": "cuda", "peak_mem_bytes": peak_gib * GIB,
+            "device_memory_bytes": 80 * GIB}
+
+
 def test_a_group_verdict_is_the_planners_pick_among_what_fits():
-    def row(pred, meas, fits=True, ran=True):
-        return {"predicted_tokens_per_s_per_gpu": pred, "measured_tokens_per_s_per_gpu": meas if ran else None,
-                "fits_in_memory": fits, "ran": ran, "dp": 1, "tp": 1, "pp": 1, "zero": 0, "mbs": 1,
-                "grad_acc": int(pred)}
-    g = playbook.group_verdict([row(30, 0, ran=False), row(20, 80), row(10, 100), row(40, 120, fits=False)])
+    g = playbook.group_verdict([row(30, 0, ran=False), row(20, 80), row(10, 100), row(40, 120, fits=False)], MARGINS)
     # the pick is the fastest predicted that fits (it crashed: regret 1); the measured best (predicted OOM) has no rank
     assert (g["pick_ran"], g["regret"], g["within_10_pct"], g["best_predicted_rank"]) == (False, 1.0, False, None)
-    g = playbook.group_verdict([row(20, 95), row(10, 100), row(5, 50)])
+    g = playbook.group_verdict([row(20, 95), row(10, 100), row(5, 50)], MARGINS)
     assert g["within_10_pct"] and g["regret"] == pytest.approx(0.05) and g["best_predicted_rank"] == 2
     assert g["rho"] == pytest.approx(0.5)
-    assert math.isnan(playbook.group_verdict([row(20, 95)])["rho"])
+    assert math.isnan(playbook.group_verdict([row(20, 95)], MARGINS)["rho"])
+
+
+@pytest.mark.parametrize("peak_gib, fam, ranked", [
+    (72.0, "tp in node", True),  # 72 x 1.10 = 79.2 GiB: fits with its family's margin
+    (73.0, "tp in node", False),  # 73 x 1.10 = 80.3 GiB: fits, but not with the margin
+    (66.0, "pp in node", True),  # a family with no memory run takes every run's margin: 66 x 1.20 = 79.2
+    (67.0, "pp in node", False),  # 67 x 1.20 = 80.4
+])
+def test_the_planner_ranks_what_fits_with_its_familys_memory_margin(peak_gib, fam, ranked):
+    """A layout predicted to fit, but within its family's memory error of the device's memory, is not the pick: the
+    one the planner ranks next is (plan's rule, harness/costmodel/family_errors.py memory_limit)."""
+    edge = row(30, None, ran=False, peak_gib=peak_gib, fam=fam)  # the fastest predicted, at the memory's edge
+    assert playbook.planned(edge, MARGINS) == ranked
+    g = playbook.group_verdict([edge, row(20, 95), row(10, 100)], MARGINS)
+    assert (g["pick_ran"], g["within_10_pct"]) == ((False, False) if ranked else (True, True))
 
 
 def test_playbook_page_is_generated():

@@ -3,6 +3,12 @@ family_errors.json holds it. `python -m lab.playbook_doc` (with docs/playbook.md
 lab.family_errors --write`) generates that file from the sets in lab/ (the Playbook sweep's development half and
 the published set's fitting half); the harness reads the committed file and never imports lab/. `predict` prints a config's family error and `plan` each layout's; where a top
 layout's family error is large (LARGE_P90_PCT), `plan` says so and recommends `--run-top K` with the table's K.
+
+The same table holds each family's memory margin: how far its validation runs' measured peak exceeded the predicted
+one (the p90 of measured / predicted - 1). A planner that ranked a layout whose predicted peak is just under the
+device's memory would recommend what runs out of memory about as often as its family's predictions run low, so
+`plan` (and the group verdicts of lab/playbook.py, which score it) ranks only the layouts whose predicted peak fits
+`memory_limit`: the device's memory less that margin. `predict` still says whether the peak itself fits.
 """
 from __future__ import annotations
 
@@ -59,6 +65,22 @@ def line(family: str, device: str) -> str:
     return (f"{family}: tokens/s off by median {a['median_abs_err_pct']:.0f} %, p90 {a['p90_abs_err_pct']:.0f} %, "
             f"geomean predicted / measured {a['geomean_ratio']:.2f}, over the {a['n']} validation runs of this layout "
             f"family ({sets})" + (f"; large (p90 over {LARGE_P90_PCT:.0f} %)" if large(family, device) else ""))
+
+
+def memory_margin(family: str, device: str, table: dict | None = None) -> float:
+    """The fraction the family's predicted peak may be low by (module docstring): its rows' margin, else every
+    family's (`memory_all`) where it has no memory row; 0 on a CPU device (the validation runs are GPU runs).
+    table: a table as lab/family_errors.py computes it (None: the committed one)."""
+    if device == "cpu":
+        return 0.0
+    t = load() if table is None else table
+    entry = (t["families"].get(family) or {}).get("memory")
+    return (entry if entry and entry["n"] else t["memory_all"])["margin_pct"] / 100
+
+
+def memory_limit(memory_bytes: float, family: str, device: str, table: dict | None = None) -> float:
+    """The largest predicted peak `plan` ranks on a device of memory_bytes: peak x (1 + margin) <= the device."""
+    return memory_bytes / (1 + memory_margin(family, device, table))
 
 
 def run_top() -> dict:

@@ -27,6 +27,8 @@ Pipeline schedules (the rows of SCHEDULES), as torch.distributed.pipelining runs
                  schedule class refuses at construction ("stages_pp": m >= pp; "rounds": m a multiple
                  of its rounds max(1, m // pp))
     plan_vpps    the vpp values the planner tries for this schedule (empty: not searched)
+    derive_middle  a dry run derives the peak of the ranks between two simulated middle ranks from theirs
+                 (harness/strategies/pp_derive.py; proven by tests/test_dryrun_derive.py)
 """
 from __future__ import annotations
 
@@ -179,17 +181,18 @@ class ScheduleRow:
     min_microbatches: str = ""
     torch_microbatches: str = ""
     plan_vpps: tuple[int, ...] = ()
+    derive_middle: bool = False
 
 
 SCHEDULES = {s.name: s for s in (
-    ScheduleRow("gpipe", "one", 1, False, "all_forward_first", "textbook", "all"),
+    ScheduleRow("gpipe", "one", 1, False, "all_forward_first", "textbook", "all", derive_middle=True),
     ScheduleRow("1f1b", "one", 1, False, "one_f_one_b", "textbook", "one_f_one_b", torch_microbatches="stages_pp",
-                plan_vpps=(1,)),
+                plan_vpps=(1,), derive_middle=True),
     ScheduleRow("interleaved_1f1b", "looped", ANY_VPP, False, "interleaved", "textbook", "interleaved",
-                torch_microbatches="rounds", plan_vpps=(2, 4, 8)),
-    ScheduleRow("looped_bfs", "looped", ANY_VPP, False, "breadth_first", "textbook", "all"),
+                torch_microbatches="rounds", plan_vpps=(2, 4, 8), derive_middle=True),
+    ScheduleRow("looped_bfs", "looped", ANY_VPP, False, "breadth_first", "textbook", "all", derive_middle=True),
     ScheduleRow("interleaved_zero_bubble", "looped", ANY_VPP, True, "interleaved", "zb_h1", "zero_bubble_looped",
-                torch_microbatches="rounds"),
+                torch_microbatches="rounds", derive_middle=True),
     ScheduleRow("zbv_zero_bubble", "v", 2, True, "greedy", "zbv", "zbv", plan_vpps=(2,)),
     ScheduleRow("dualpipev", "v", 2, True, "greedy", "dualpipe_v", "dualpipe_v", min_microbatches="stages"),
 )}

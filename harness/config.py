@@ -186,13 +186,16 @@ class LauncherConfig:
     time_min: int = 30
     array_parallelism: int = 16
     additional_parameters: dict[str, Any] = field(default_factory=dict)
-    # Dry run (launcher=dryrun): global ranks to simulate; [] = the first rank of every pipeline stage
+    # Dry run (launcher=dryrun): global ranks to simulate; [] = one rank of every role (launch/dryrun.py roles)
     ranks: list[int] = field(default_factory=list)
     # Dry run: the forked children's total host memory (GiB, PSS); 0 = 90 % of MemAvailable at launch
     memory_GiB: float = 0.0
     # Dry run: a pipeline runs the micro-batches that decide its peak, the rest extrapolated from them where
     # its schedule repeats (harness/strategies/pp_shorten.py); false runs every micro-batch
     shorten: bool = True
+    # Dry run: the middle pipeline ranks between two simulated ones with the same modules derived from them
+    # (harness/strategies/pp_derive.py); false simulates every role
+    derive: bool = True
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """launcher=dryrun: the real worker code path at any world size, on torch's fake process group.
 
 For one rank of every role (`roles`: ranks that hold the same bytes at every moment; `launcher.ranks=[...]`
-to choose), a child forked from one fork server (launch/fork.py; as many at once as there are cores and
-as the host memory budget admits, `Children`) does what harness/worker/main.py does:
+to choose), but for the middle pipeline ranks derived from two simulated ones (harness/strategies/
+pp_derive.py; launcher.derive=false simulates them), a child forked from one fork server (launch/fork.py;
+as many at once as there are cores and as the host memory budget admits, `Children`) does what
+harness/worker/main.py does:
 
     init_process_group("fake", FakeStore(), rank, world_size)   no socket, collectives are no-ops
     dims.build_mesh("cpu")                                      the real (pp, dp, tp) DeviceMesh
@@ -38,6 +40,7 @@ from harness.config import GiB
 from harness.run.cause import signal_name
 from harness.run.record import Status
 from harness.run.signals import received
+from harness.strategies import pp_derive
 from harness.validate import num_microbatches
 from launch.fork import ChildError, Forked
 from launch.local import HOST_MEMORY_SHARE, LaunchResult, host_available_bytes, oom_kill_count
@@ -62,15 +65,25 @@ def roles(run, dims, predicted: dict) -> dict[int, int]:
     `launcher.ranks` simulates those ranks, each for itself."""
     if run.launcher.ranks:
         return {r: 1 for r in sorted(set(int(r) for r in run.launcher.ranks))}
+    key = role_key(run, dims, predicted)
+    out: dict[tuple, list[int]] = {}
+    for rank in range(dims.world_size):
+        out.setdefault(key(rank), []).append(rank)
+    return {members[0]: len(members) for members in sorted(out.values())}
+
+
+def role_key(run, dims, predicted: dict):
+    """rank -> (pp coordinate, its shard's state bytes, its tp position where the vocabulary splits
+    unevenly): ranks with equal keys hold the same bytes at every moment (`roles`)."""
     lists = [predicted.get(f"{k}_per_rank") for k in STATES]
     exact = all(isinstance(xs, list) and len(xs) == dims.world_size for xs in lists)
     uneven_vocab = run.model.vocab_size % dims.tp != 0
-    out: dict[tuple, list[int]] = {}
-    for rank in range(dims.world_size):
+
+    def key(rank: int) -> tuple:
         c = dims.coords(rank)
         shard = tuple(xs[rank] for xs in lists) if exact else (c["dp"],)  # no per-rank lists: every dp position
-        out.setdefault((c["pp"], shard, c["tp"] if uneven_vocab else 0), []).append(rank)
-    return {members[0]: len(members) for members in sorted(out.values())}
+        return c["pp"], shard, c["tp"] if uneven_vocab else 0
+    return key
 
 
 POLL_S = 0.2
@@ -84,10 +97,14 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
     t0, oom0 = time.monotonic(), oom_kill_count()
     predicted = json.loads((run_dir / rundir.PREDICTION).read_text())
     stands_for = roles(run, dims, predicted)
-    ranks, results, in_full = list(stands_for), {}, {}  # in_full: rank -> why its step runs whole
+    # the middle pipeline ranks between two simulated ones wait: derived from them, or simulated (pp_derive)
+    groups = pp_derive.groups(run, dims, role_key(run, dims, predicted), stands_for)
+    waiting = {r for group in groups for r in group[1:-1]}
+    results, in_full, not_derived, asked = {}, {}, {}, set()  # in_full: rank -> why its step runs whole
     # simulated ranks are independent: as many at once as this process may use cores (each child runs torch
     # on one thread) and as the memory budget admits (Children)
-    children = Children(memory_budget(run), max(1, len(os.sched_getaffinity(0))), list(ranks))
+    children = Children(memory_budget(run), max(1, len(os.sched_getaffinity(0))),
+                        [r for r in stands_for if r not in waiting])
 
     def ended(why: str, log) -> LaunchResult:
         log.write(f"ranks {sorted(children.running)}: ended by the parent ({why})\n")
@@ -125,13 +142,40 @@ def execute(run, dims, run_dir: Path, log_path: Path, on_poll=None) -> LaunchRes
                     result["not_periodic"] = in_full[rank]
                 log.write(f"rank {rank}: {result['wall_s']:.2f} s, {result['host_peak_pss_bytes'] / GiB:.2f} GiB\n")
                 results[rank] = result
-                rundir.write_atomic(run_dir / rundir.PROGRESS, f"{len(results)} {len(ranks)}")
+                children.pending.extend(_derive(groups, results, dims, log, not_derived, asked))
+                rundir.write_atomic(run_dir / rundir.PROGRESS, f"{len(results)} {len(stands_for)}")
             if on_poll:
                 on_poll()
+    assert not groups, f"middle pipeline ranks neither derived nor simulated: {groups}"
     measurement = {"kind": "dryrun", "num_microbatches": num_microbatches(run, dims),
-                   "ranks": [{**results[r], "stands_for": stands_for[r]} for r in ranks], "host": children.report()}
+                   "ranks": [{**results[r], "stands_for": stands_for[r]} for r in stands_for], "host": children.report(),
+                   "not_derived": not_derived}
     rundir.write_atomic(run_dir / rundir.MEASUREMENT, json.dumps(measurement, indent=1))
     return LaunchResult(0, False, time.monotonic() - t0, log_path)
+
+
+def _derive(groups: list[list[int]], results: dict, dims, log, not_derived: dict, asked: set) -> list[int]:
+    """Derive into `results` what the simulated ranks of each group whose ranks are all in prove
+    (harness/strategies/pp_derive.py); the ranks to simulate next: a group's middle where its ends alone do not
+    prove the rule (`asked`), every rank of a group that breaks it. A group leaves `groups` once derived or
+    given up."""
+    more = []
+    for group in list(groups):
+        if any(r not in results for r in (group[0], group[-1], *(asked & set(group)))):
+            continue
+        try:
+            results.update(pp_derive.derive(group, results, dims))
+        except pp_derive.NeedWitness as e:
+            log.write(f"ranks {group}: simulating rank {e.rank} to test the line through the ends\n")
+            asked.add(e.rank)
+            more.append(e.rank)
+            continue
+        except pp_derive.NotDerived as e:
+            log.write(f"ranks {group}: not derived ({e}); simulated\n")
+            not_derived[group[0]] = str(e)
+            more += [r for r in group if r not in results]
+        groups.remove(group)
+    return more
 
 
 def memory_budget(run) -> int:
@@ -331,6 +375,8 @@ def _steps(strategy, mbs) -> dict:
         live = pp_shorten.extrapolate(tracker.segments, splice) if splice else tracker.summary()
         out = {"memory": states,
                "peak": {"peak_mem_bytes": live.pop("peak_bytes"), "peak_mem_kind": "fake_tensor_storages", **live}}
+        if getattr(strategy, "in_flight", None):  # a pipeline: what pp_derive reads of this rank
+            out.update(in_flight=strategy.in_flight, warmup_bytes=pp_derive.warmup_bytes(tracker.segments[-1]))
         if splice:
             out["shortened"] = {**splice.as_dict(), "simulated_peak_bytes": tracker.peak}
         return out

@@ -9,8 +9,9 @@ import pytest
 from harness.config import MAX_WORLD, compose_run
 from harness.costmodel import predict
 from harness.dims import ConfigError
+from harness.strategies import pp_derive
 from harness.validate import validate
-from launch.dryrun import roles
+from launch.dryrun import role_key, roles
 from tests.helpers import run
 
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")
@@ -142,3 +143,17 @@ def test_llama3_405b_on_16384_ranks_peaks_on_every_stage_as_predicted(tmp_path):
     assert stages == set(range(16))
     _per_rank_equal_predicted(rec)
     assert rec["predicted"]["peak_mem_bytes"] == pytest.approx(m["peak_mem_bytes"], rel=0.05)
+
+
+def test_llama3_405b_on_16384_ranks_simulates_7_of_its_18_roles():
+    """Stages 1-13 hold eight layers each, as middle stages: 1 and 13 are simulated, 2-12 derived from them
+    (harness/strategies/pp_derive.py); stage 14 holds seven. Both roles of the first and the last stage run."""
+    run_ = compose_run(LLAMA3_405B_16K)
+    dims = validate(run_)
+    predicted = predict(run_, dims)
+    stands_for = roles(run_, dims, predicted)
+    stage = 1024
+    assert pp_derive.groups(run_, dims, role_key(run_, dims, predicted), stands_for) == [
+        [p * stage for p in range(1, 14)]]
+    assert pp_derive.groups(compose_run([*LLAMA3_405B_16K, "launcher.derive=false"]), dims,
+                            role_key(run_, dims, predicted), stands_for) == []

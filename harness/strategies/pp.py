@@ -43,7 +43,7 @@ from torch.distributed.pipelining import (
 )
 
 from harness import catalog
-from harness.strategies import pp_fake, pp_shorten
+from harness.strategies import pp_derive, pp_fake, pp_shorten
 from harness.strategies.base import Strategy, over_fake_group
 from harness.strategies.pipeline_timeline import Timeline, measured_bubble
 from harness.validate import num_microbatches
@@ -59,6 +59,7 @@ class PipelineStrategy(Strategy):
     stage_class = PipelineStage  # 3d swaps in a stage that reduce-scatters every micro-batch (fsdp_accumulate)
     shorten = True  # a dry run may run the micro-batches that decide the peak (harness/strategies/pp_shorten.py)
     splice: pp_shorten.Splice | None = None  # how it did: the full step is extrapolated from it
+    in_flight: list[int] | None = None  # a dry run: forwards each pp rank holds at most (pp_derive)
 
     @property
     def loss_owner(self) -> bool:
@@ -109,6 +110,9 @@ class PipelineStrategy(Strategy):
         def make(n: int):
             return SCHEDULES[s.schedule](stages[0] if one else stages, n, loss_fn=self._microbatch_loss, scale_grads=False)
 
+        if metadata:  # a dry run: what each pp rank holds in flight, by torch's order (pp_derive)
+            full = make(m)
+            self.in_flight = [pp_derive.in_flight(pp_shorten.local_order(full, r, m)) for r in range(d.pp)]
         if metadata and self.shorten:  # a dry run: the micro-batches that decide the peak (pp_shorten)
             chunks = d.pp * catalog.chunks_per_rank(s.schedule, d.vpp)
             self.splice = pp_shorten.plan(make, m, d.coords(dist.get_rank())["pp"], chunks)

@@ -12,13 +12,14 @@ from tests.helpers import run
 from tests.test_dryrun_shorten import _torch_order
 
 # pp 6: four middle ranks, the two ends simulated and the two between derived; 12 layers, one or two a stage
-BASE = ["launcher=dryrun", "model=llama_tiny", "model.n_layers=12", "workload.global_batch_size=48",
+BASE = ["launcher=dryrun", "model=llama_tiny", "model.n_layers=12", "workload.global_batch_size=24",
         "workload.micro_batch_size=2", "logger=none"]
 LAYOUTS = {s: ["strategy=pp", "parallel.pp=6", f"strategy.schedule={s}",
                *(["parallel.vpp=2"] if catalog.chunks_per_rank(s, 2) == 2 else [])] for s in catalog.SCHEDULES}
 LAYOUTS["3d 1f1b"] = ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=6"]  # FSDP and TP in the stages
-# 1F1B derives from its ends (the warm-up's bytes prove the line), interleaved 1F1B after simulating a witness
-CI = {"1f1b", "interleaved_1f1b"}
+# 1F1B derives from its ends (the warm-up's bytes prove the line), interleaved 1F1B after simulating a witness;
+# 3d puts FSDP and TP in the stages
+CI = {"1f1b", "interleaved_1f1b", "3d 1f1b"}
 KEYS = ("peak_mem_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes")
 
 

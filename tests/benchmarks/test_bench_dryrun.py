@@ -6,6 +6,8 @@ beside it: the time depends on the cores free. Reported, never asserted.
     llama3_405b 3d dp128 tp8 pp16, global batch 2048, sequence 8192               16,384 ranks
 
 Each prints its roles, the micro-batches each simulated rank ran, and the prediction against the peak.
+And the planner confirming its best five layouts for Llama 3 405B on 16,384 H100s by dry runs
+(`python -m harness.plan ... --dryrun-top 5`), start to end.
 """
 from __future__ import annotations
 
@@ -53,3 +55,28 @@ def test_bench_dryrun(benchmark, name, tmp_path):
           f"for {m['world_size']} ranks; micro-batches simulated {simulated} of {m['num_microbatches']}; peak "
           f"{m['peak_mem_bytes'] / 2**30:.2f} GiB, predicted {p['peak_mem_bytes'] / 2**30:.2f} "
           f"({p['peak_mem_bytes'] / m['peak_mem_bytes'] - 1:+.1%})")
+
+
+PLAN_405B = ["model=llama3_405b", "hardware=h100_sxm", "plan.gpus=16384", "workload.global_batch_size=2048",
+             "workload.precision=bf16-mixed", "logger=none"]
+
+
+def test_bench_plan_dryrun_top5_405b_16384(benchmark, tmp_path):
+    argv = [sys.executable, "-m", "harness.plan", *PLAN_405B, f"results_dir={tmp_path}", "--dryrun-top", "5"]
+
+    def once():
+        before = os.getloadavg()[0]
+        t0 = time.monotonic()
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=7200)
+        return time.monotonic() - t0, before, os.getloadavg()[0], done
+
+    wall, before, after, done = benchmark.pedantic(once, rounds=1, iterations=1)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    recs = [json.loads(line) for f in Path(tmp_path).glob("*.jsonl") for line in f.read_text().splitlines()]
+    simulated = [sum(x is None for x in r["measured"]["dryrun_derived"]) for r in recs]
+    benchmark.extra_info.update({"wall_s": wall, "load_before": before, "load_after": after,
+                                 "layouts": len(recs), "roles_simulated": simulated})
+    print(f"\nplan --dryrun-top 5, llama3_405b on 16384: {len(recs)} dry runs in {wall:.0f} s (load {before:.2f} "
+          f"before, {after:.2f} after); roles simulated per layout {simulated} of "
+          f"{[len(r['measured']['dryrun_ranks']) for r in recs]}")
+    print("\n".join(done.stdout.splitlines()[-8:]))

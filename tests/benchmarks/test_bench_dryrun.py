@@ -49,10 +49,13 @@ def test_bench_dryrun(benchmark, name, tmp_path):
     simulated = [(x or {}).get("simulated_microbatches", m["num_microbatches"]) for x in m["dryrun_shortened"]]
     benchmark.extra_info.update({"wall_s": wall, "load_before": before, "load_after": after,
                                  "roles": len(m["dryrun_ranks"]), "ranks": m["world_size"],
+                                 "roles_derived": sum(x is not None for x in m["dryrun_derived"]),
                                  "microbatches_simulated": simulated, "peak_GiB": m["peak_mem_bytes"] / 2**30,
                                  "predicted_GiB": p["peak_mem_bytes"] / 2**30})
+    derived = sum(x is not None for x in m["dryrun_derived"])
     print(f"\n{name}: ok in {wall:.0f} s (load {before:.2f} before, {after:.2f} after); {len(m['dryrun_ranks'])} roles "
-          f"for {m['world_size']} ranks; micro-batches simulated {simulated} of {m['num_microbatches']}; peak "
+          f"for {m['world_size']} ranks, {len(m['dryrun_ranks']) - derived} simulated and {derived} derived; "
+          f"micro-batches simulated {simulated} of {m['num_microbatches']}; peak "
           f"{m['peak_mem_bytes'] / 2**30:.2f} GiB, predicted {p['peak_mem_bytes'] / 2**30:.2f} "
           f"({p['peak_mem_bytes'] / m['peak_mem_bytes'] - 1:+.1%})")
 

@@ -90,6 +90,7 @@ def test_a_slope_no_warmup_forward_shows_asks_for_a_witness_then_checks_it():
     ({1: _result(500, 400, 100), 4: _result(200, 100, 100, op="aten.sum")}, "peak at different places"),
     ({1: _result(500, 400, 100), 4: {**_result(200, 100, 100), "in_flight": [6, 5, 4, 3, 2, 2]}},
      "different in-flight forwards"),
+    ({1: _result(500, 400, 100), 4: {"memory": {"params_bytes": 10}}}, "have no peak"),
 ])
 def test_ends_that_break_the_rule_derive_nothing(ends, message):
     with pytest.raises(pp_derive.NotDerived, match=message):

@@ -101,6 +101,9 @@ def derive(group: list[int], results: dict[int, dict], dims) -> dict[int, dict]:
     simulated, NotDerived saying which check failed."""
     lo, hi = group[0], group[-1]
     ran = [r for r in group if r in results]
+    failed = [r for r in ran if "peak_mem_bytes" not in results[r]["memory"]]
+    if failed:
+        raise NotDerived(f"ranks {failed} have no peak: their step did not run on fake tensors")
     a, b = results[lo], results[hi]
     ma, mb = a["memory"], b["memory"]
     flights = a.get("in_flight")

@@ -56,6 +56,7 @@ from harness.costmodel.layout import layout, node_crossing_axes
 from harness.costmodel.memory_peak import memory_peak, rank_activations
 from harness.dims import AXES, DEGREES, family
 from harness.run.results_file import read, records_path
+from harness.run.signals import install_signals
 from harness.tools import plan_check
 from harness.tools.plan_dryrun import dryrun_top
 from harness.tools.plan_reasons import network, why
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if top and cands:
         rc = run_top(cands, top, args.overrides, run.plan.run_top_by)
     if args.dryrun_top and cands:
+        install_signals()  # the dry runs run here: a SIGTERM or Ctrl-C ends them as `interrupted`, children and all
         rc |= dryrun_top(cands, args.dryrun_top, args.overrides, run.plan.run_top_by)
     n, s = counts["evaluated"], counts["seconds"]
     print(f"evaluated {n} configs in {s:.3f} s ({n / s if s else 0:.0f} configs/s)")

@@ -79,10 +79,20 @@ def test_a_slope_no_warmup_forward_shows_asks_for_a_witness_then_checks_it():
     ends = {1: _result(500, 400, 90), 4: _result(200, 100, None)}
     with pytest.raises(pp_derive.NeedWitness) as asked:
         pp_derive.derive([1, 2, 3, 4], dict(ends), _Dims())
-    assert asked.value.rank == 3
-    assert sorted(pp_derive.derive([1, 2, 3, 4], {**ends, 3: _result(300, 200)}, _Dims())) == [2]
-    with pytest.raises(pp_derive.NotDerived, match="not at the 300 of the line"):
-        pp_derive.derive([1, 2, 3, 4], {**ends, 3: _result(310, 210)}, _Dims())
+    assert asked.value.rank == 2  # 4 forwards in flight, nearest the middle of the ends' 5 and 2
+    assert sorted(pp_derive.derive([1, 2, 3, 4], {**ends, 2: _result(400, 300)}, _Dims())) == [3]
+    with pytest.raises(pp_derive.NotDerived, match="not at the 400 of the line"):
+        pp_derive.derive([1, 2, 3, 4], {**ends, 2: _result(410, 310)}, _Dims())
+
+
+def test_a_peak_in_the_warmup_is_the_same_on_every_rank_once_a_witness_says_so():
+    """Full recompute, many chunks: the peak comes in an early forward, before the ranks' warm-ups differ;
+    the ends' peaks are equal although they hold different numbers of forwards in flight."""
+    ends = {1: _result(500, 400, 90), 4: _result(500, 400, 90)}
+    with pytest.raises(pp_derive.NeedWitness):
+        pp_derive.derive([1, 2, 3, 4], dict(ends), _Dims())
+    got = pp_derive.derive([1, 2, 3, 4], {**ends, 2: _result(500, 400)}, _Dims())
+    assert got[3]["memory"]["peak_mem_bytes"] == 500
 
 
 @pytest.mark.parametrize("ends,message", [

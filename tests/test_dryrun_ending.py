@@ -132,3 +132,21 @@ def test_the_children_stay_within_the_memory_budget_fewer_at_once_when_it_is_sma
     tight = run([*SHORT, "study=tight", f"launcher.memory_GiB={0.5 * child / 2**30:.6f}"], tmp_path)
     assert tight["status"] == "oom", tight["error"]
     assert "of host memory (PSS) > the dry run's budget" in tight["error"], tight["error"]
+
+
+def test_plan_dryrun_top_stopped_by_sigterm_ends_its_dry_run_as_interrupted_and_starts_no_other(tmp_path):
+    """`python -m harness.plan --dryrun-top` runs its dry runs in its own process: a SIGTERM there ends the one
+    running as `interrupted` (children and fork server gone) and no later layout starts."""
+    p = subprocess.Popen([sys.executable, "-m", "harness.plan", "model=llama_tiny", "plan.gpus=2",
+                          "workload.global_batch_size=4096", "logger=none", f"results_dir={tmp_path}", "study=stop",
+                          "--dryrun-top", "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = simulated_ranks(p.pid)
+    below = descendants(p.pid)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode == 1, out[-3000:]
+    rs = records(tmp_path, "stop")
+    assert [r["status"] for r in rs][-1] == "interrupted", [(r["status"], r["error"]) for r in rs]
+    assert "SIGTERM" in rs[-1]["error"], rs[-1]["error"]
+    assert "not run: SIGTERM" in out, out[-3000:]
+    assert gone(ranks) and gone(below)

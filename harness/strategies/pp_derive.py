@@ -21,8 +21,8 @@ the rule:
   step, phase and operator;
 - their peaks, in all and kind by kind, differ by a whole number of bytes a forward in flight (`_line`);
 - that number is what one warm-up forward left (`warmup_bytes`, measured on the simulated rank's own
-  step), or a third rank simulated between them (the group's middle, `NeedWitness`) lies on their line
-  to the byte, kind by kind.
+  step), or a third rank simulated between them (`NeedWitness`: the one whose in_flight is nearest the
+  middle of the ends') lies on their line to the byte, kind by kind.
 A rank is derived only where its in_flight lies between the ends' (interpolation, never extrapolation).
 Where a check fails every rank of the group is simulated (`measured.dryrun_not_derived` says why). The
 rule holds, by test, for the schedules whose `derive_middle` is set in harness/catalog.py
@@ -130,13 +130,16 @@ def derive(group: list[int], results: dict[int, dict], dims) -> dict[int, dict]:
         if (got["peak_mem_bytes"], _kinds(got)) != (want["peak_mem_bytes"], want["peak_live_by_kind"]):
             raise NotDerived(f"rank {r} (in flight {n[r]}) peaks at {got['peak_mem_bytes']} bytes, not at the "
                              f"{want['peak_mem_bytes']} of the line through ranks {lo} and {hi}")
+    # a witness tests the line where it holds a number of forwards between the ends'; where no rank of the group
+    # does, every rank is derived at an end's number, which a witness at one tests
+    between = [r for r in group if min(n[lo], n[hi]) < n[r] < max(n[lo], n[hi])]
     proven = dn == 0 or line[0] in {results[r].get("warmup_bytes") for r in (lo, hi)} or any(
-        n[r] not in (n[lo], n[hi]) for r in witnesses)
+        r in between or not between for r in witnesses)
     if not proven:
-        if witnesses:
-            raise NotDerived(f"ranks {ran} hold no more than two numbers of forwards in flight: the line through "
-                             f"ranks {lo} and {hi} is not tested")
-        raise NeedWitness(group[len(group) // 2])
+        if witnesses:  # chosen between the ends where a rank is: only if launcher.ranks chose otherwise
+            raise NotDerived(f"ranks {witnesses} hold an end's number of forwards in flight: the line is not tested")
+        middle = (n[lo] + n[hi]) / 2
+        raise NeedWitness(min(between, key=lambda r: abs(n[r] - middle)) if between else group[len(group) // 2])
     out = {}
     for r in group:
         if r in results:

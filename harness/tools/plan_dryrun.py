@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from harness.config import compose_run
 from harness.run.job import run_job
 from harness.run.record import Status
+from harness.run.signals import received
 from harness.tools import plan_check
 
 GiB = 1024**3
@@ -32,6 +33,9 @@ def dryrun_top(cands, k: int, overrides: list[str], by: str = "degrees") -> int:
         rows.append((" ".join(c.overrides()), verdict, p.get("model_states_bytes"), m.get("model_states_bytes"),
                      p.get("peak_mem_bytes"), m.get("peak_mem_bytes")))
         rc |= rec["status"] != Status.OK
+        if received():  # stopped (harness/plan.py installs the handlers): no further layout starts
+            rows.append(("the layouts after it", f"not run: {received()}", None, None, None, None))
+            break
     print("layout | status | states predicted | states dry run | peak predicted | peak dry run (GiB per rank, max)")
     for layout, status, ps, ms, pp, mp in rows:
         print(f"{layout} | {status} | {_gib(ps)} | {_gib(ms)} | {_gib(pp)} | {_gib(mp)}")

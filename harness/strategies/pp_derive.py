@@ -35,10 +35,11 @@ Nothing here imports torch: the launcher's parent, which never loads it, plans a
 from __future__ import annotations
 
 from harness import catalog
+from harness.collect.dryrun import KEYS
 from models.pipeline_split import stage_layer_counts
 
 DERIVE_MIN = 3  # a group of fewer ranks has no rank between its two ends: every one is simulated
-STATES = ("params_bytes", "grads_bytes", "optimizer_bytes", "master_bytes", "model_states_bytes")
+STATES = tuple(k for k in KEYS if k != "peak_mem_bytes")  # what every rank of a group holds alike
 
 
 class NotDerived(ValueError):
@@ -87,7 +88,7 @@ def groups(run, dims, role_key, stands_for: dict[int, int]) -> list[list[int]]:
 
 
 class NeedWitness(Exception):
-    """The two ends alone do not prove the slope: simulate `rank` (the group's middle) and derive again."""
+    """The two ends alone do not prove the slope: simulate `rank` (between them) and derive again."""
 
     def __init__(self, rank: int):
         super().__init__(rank)

@@ -32,17 +32,18 @@ COMMON = ["launcher=dryrun", "hardware=h100_sxm", "workload.precision=bf16-mixed
           "logger=none", "launcher.timeout_s=3600"]
 
 
+def _timed(argv: list[str], timeout_s: int):
+    """(wall seconds, load average before, after, the finished process) of one command from the repository."""
+    before = os.getloadavg()[0]
+    t0 = time.monotonic()
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    return time.monotonic() - t0, before, os.getloadavg()[0], done
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bench_dryrun(benchmark, name, tmp_path):
     argv = [sys.executable, "-m", "harness", *COMMON, *LAYOUTS[name], f"results_dir={tmp_path}"]
-
-    def once():
-        before = os.getloadavg()[0]
-        t0 = time.monotonic()
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3700)
-        return time.monotonic() - t0, before, os.getloadavg()[0], done
-
-    wall, before, after, done = benchmark.pedantic(once, rounds=1, iterations=1)
+    wall, before, after, done = benchmark.pedantic(_timed, (argv, 3700), rounds=1, iterations=1)
     (rec,) = [json.loads(line) for line in Path(tmp_path, "adhoc.jsonl").read_text().splitlines()]
     assert rec["status"] == "ok", (rec["error"], done.stdout[-2000:])
     m, p = rec["measured"], rec["predicted"]
@@ -66,14 +67,7 @@ PLAN_405B = ["model=llama3_405b", "hardware=h100_sxm", "plan.gpus=16384", "workl
 
 def test_bench_plan_dryrun_top5_405b_16384(benchmark, tmp_path):
     argv = [sys.executable, "-m", "harness.plan", *PLAN_405B, f"results_dir={tmp_path}", "--dryrun-top", "5"]
-
-    def once():
-        before = os.getloadavg()[0]
-        t0 = time.monotonic()
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=7200)
-        return time.monotonic() - t0, before, os.getloadavg()[0], done
-
-    wall, before, after, done = benchmark.pedantic(once, rounds=1, iterations=1)
+    wall, before, after, done = benchmark.pedantic(_timed, (argv, 7200), rounds=1, iterations=1)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     recs = [json.loads(line) for f in Path(tmp_path).glob("*.jsonl") for line in f.read_text().splitlines()]
     simulated = [sum(x is None for x in r["measured"]["dryrun_derived"]) for r in recs]

@@ -33,6 +33,8 @@ EQUAL = {
     "3d": ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2"],
     "3d sp": ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "strategy.sequence_parallel=true"],
     "3d ddp": ["strategy=3d", "parallel.dp=2", "parallel.pp=2", "strategy.data_parallel=ddp"],
+    "3d tp recompute full": ["strategy=3d", "parallel.dp=2", "parallel.tp=2", "workload.activation_checkpointing=full",
+                             "workload.precision=bf16-mixed"],
     "cp": ["strategy=3d", "parallel.cp=2"],
     "3d cp": ["strategy=3d", "parallel.dp=2", "parallel.cp=2", "parallel.pp=2"],
 }

@@ -110,13 +110,13 @@ class PipelineStrategy(Strategy):
         def make(n: int):
             return SCHEDULES[s.schedule](stages[0] if one else stages, n, loss_fn=self._microbatch_loss, scale_grads=False)
 
+        full = make(m)
         if metadata:  # a dry run: what each pp rank holds in flight, by torch's order (pp_derive)
-            full = make(m)
             self.in_flight = [pp_derive.in_flight(pp_shorten.local_order(full, r, m)) for r in range(d.pp)]
         if metadata and self.shorten:  # a dry run: the micro-batches that decide the peak (pp_shorten)
             chunks = d.pp * catalog.chunks_per_rank(s.schedule, d.vpp)
-            self.splice = pp_shorten.plan(make, m, d.coords(dist.get_rank())["pp"], chunks)
-        self.schedule = make(self.splice.microbatches if self.splice else m)
+            self.splice = pp_shorten.plan(make, m, d.coords(dist.get_rank())["pp"], chunks, full)
+        self.schedule = make(self.splice.microbatches) if self.splice else full
 
     def foreach(self) -> bool | None:
         return None

@@ -179,14 +179,14 @@ def _plus(a: dict, d: dict, times: int) -> dict:
     return {k: a.get(k, 0) + times * d.get(k, 0) for k in a.keys() | d.keys()}
 
 
-def plan(make, m: int, pp_rank: int, chunks: int) -> Splice | None:
+def plan(make, m: int, pp_rank: int, chunks: int, full=None) -> Splice | None:
     """The splice of this rank's order for `m` micro-batches with the fewest micro-batches, or None.
-    make(n): the rank's torch schedule for n micro-batches (built, not run); chunks: the stages of the
-    pipeline (pp x stages per rank), which bounds the search (see find_splice)."""
+    make(n): the rank's torch schedule for n micro-batches (built, not run); full: make(m), where built already;
+    chunks: the stages of the pipeline (pp x stages per rank), which bounds the search (see find_splice)."""
     def order_of(n: int) -> list[Action] | None:
         try:
             return local_order(make(n), pp_rank, n)
         except (ValueError, RuntimeError, AssertionError):  # torch refuses n micro-batches for this schedule
             return None
 
-    return find_splice(local_order(make(m), pp_rank, m), m, order_of, (COPIES + 3) * chunks)
+    return find_splice(local_order(full or make(m), pp_rank, m), m, order_of, (COPIES + 3) * chunks)
